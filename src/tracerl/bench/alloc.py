@@ -1,0 +1,164 @@
+"""`tracerl bench alloc`: every method on the simulator at equal budget, the predictor learning online.
+
+Each method gets a fresh simulator and predictor built from the same seed, so all methods see the
+same prompt set, the same pools in the same order and the same policy drift; only the way the
+budget is spent differs. Measures are pooled over the steps after `warmup_steps` as ratios of sums.
+Also times stage 1 alone at scale (`stage1_scale`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from tracerl.core.advantages import compute_advantages
+from tracerl.core.allocation import BudgetLedger, solve_roots
+from tracerl.core.calibration import calibration_metrics
+from tracerl.core.growth import grow_trees
+from tracerl.core.methods import METHODS, AllocationConfig, get_method
+from tracerl.core.metrics import pool_counts, predictor_targets, ratios, step_counts
+from tracerl.core.predictor import OraclePredictor, make_predictor
+from tracerl.core.simulator import SimConfig, Simulator
+
+DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace", "trace-root-only", "trace-prefix-only", "trace-oracle",
+                   "trace-uniform-prefix", "trace[knapsack_rl]", "trace[nonzero_adv]")
+
+
+@dataclass(frozen=True)
+class AllocBenchConfig:
+    methods: tuple[str, ...] = DEFAULT_METHODS  # a name in [brackets] picks trace's stage-1 value function
+    num_steps: int = 40  # training steps simulated per method
+    warmup_steps: int = 10  # steps before measures are pooled (the predictor starts knowing nothing)
+    seed: int = 0
+    allocation: AllocationConfig = field(default_factory=lambda: AllocationConfig(num_prompts=32))
+    sim: SimConfig = field(default_factory=SimConfig)
+    predictor: str = "hashed_logistic"
+    # weaker L2 than the class default (1e-2): with ~1,000 fresh nodes a step, prompt-level weights must outlive
+    # the samples that set them, or stage 1 forgets the prompts it filtered out (chosen on this simulator)
+    predictor_options: dict = field(default_factory=lambda: {"l2": 1e-3})
+    stage1_num_prompts: int = 100_000  # the stage-1 timing row
+    stage1_budget: float = 1_600_000.0
+
+
+def _parse(name: str, base: AllocationConfig) -> tuple[str, AllocationConfig]:
+    """'trace[knapsack_rl]' -> ('trace', config with root_value='knapsack_rl')."""
+    if name.endswith("]") and "[" in name:
+        method, value = name[:-1].split("[", 1)
+        return method, replace(base, root_value=value)
+    return name, base
+
+
+def run_method(name: str, cfg: AllocBenchConfig) -> dict[str, float]:
+    method_name, alloc = _parse(name, cfg.allocation)
+    method = get_method(method_name)
+    sim = Simulator(cfg.sim, seed=cfg.seed)
+    order_rng = np.random.default_rng(cfg.seed + 2)
+    alloc_rng = np.random.default_rng(cfg.seed + 3)
+    if method.predictor == "oracle":
+        predictor = OraclePredictor(lambda hs: np.array([h.meta["true_p"] for h in hs]))
+    else:
+        predictor = make_predictor(cfg.predictor, seed=cfg.seed, **cfg.predictor_options)
+    uses_p = method.predictor != "none"
+
+    order, cursor = order_rng.permutation(cfg.sim.num_prompts), 0
+    kept_counts, kept_p, kept_t, kept_w = [], [], [], []
+    seconds = {"predict": 0.0, "allocate": 0.0, "update": 0.0, "step": 0.0}
+    units = tokens = 0.0
+    for step in range(cfg.num_steps):
+        t_step = time.perf_counter()
+        if cursor + alloc.pool_size > len(order):
+            order, cursor = order_rng.permutation(cfg.sim.num_prompts), 0
+        pool = sim.set_pool(order[cursor: cursor + alloc.pool_size])
+        cursor += alloc.pool_size
+        ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
+        grown = grow_trees(method, alloc, pool, predictor.predict if uses_p else None, sim, ledger, alloc_rng)
+        histories, targets, weights = predictor_targets(grown.trees)
+        if uses_p:  # score the predictor on the step's fresh nodes before it learns from them
+            p_fresh = predictor.predict(histories)
+            t0 = time.perf_counter()
+            predictor.update(histories, targets, weights)
+            seconds["update"] += time.perf_counter() - t0
+        advantages = compute_advantages(method.advantage, grown.trees)
+        counts = step_counts(grown.trees, advantages, ledger.units_spent, ledger.tokens_spent)
+        seconds["predict"] += grown.seconds["predict"]
+        seconds["allocate"] += grown.seconds["allocate"]
+        seconds["step"] += time.perf_counter() - t_step
+        if step >= cfg.warmup_steps:
+            kept_counts.append(counts)
+            units += ledger.units_spent
+            tokens += ledger.tokens_spent
+            if uses_p:
+                kept_p.append(p_fresh), kept_t.append(targets), kept_w.append(weights)
+        sim.advance()
+
+    row = ratios(pool_counts(kept_counts))
+    num_kept = max(1, len(kept_counts))
+    row.update(units_per_step=units / num_kept, tokens_per_step=tokens / num_kept,
+               prompts_per_step=sum(c["num_prompts"] for c in kept_counts) / num_kept)
+    if uses_p:
+        cal = calibration_metrics(np.concatenate(kept_p), np.concatenate(kept_t), np.concatenate(kept_w))
+        row.update({f"predictor_{k}": v for k, v in cal.items()})
+    else:
+        row.update(predictor_brier=None, predictor_ece=None, predictor_auc=None)
+    alloc_seconds = seconds["predict"] + seconds["allocate"] + seconds["update"]
+    row.update(alloc_ms_per_step=1e3 * alloc_seconds / cfg.num_steps,
+               alloc_overhead_frac=alloc_seconds / max(seconds["step"], 1e-12))
+    return row
+
+
+def time_stage1(num_prompts: int, budget: float, seed: int = 0, repeats: int = 3) -> dict[str, float]:
+    """Stage 1 alone at scale: p ~ U(0, 1), unit costs, m_max unbounded; best of `repeats` runs."""
+    p = np.random.default_rng(seed).random(num_prompts)
+    best, plan = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan = solve_roots(p, budget)
+        best = min(best, time.perf_counter() - t0)
+    return {"num_prompts": num_prompts, "budget": budget, "seconds": best, "solver": plan.solver,
+            "value": plan.value, "upper_bound": plan.upper_bound,
+            "rel_gap": (plan.upper_bound - plan.value) / max(plan.upper_bound, 1e-12),
+            "budget_used": plan.cost, "prompts_selected": int((plan.counts > 0).sum())}
+
+
+def run(cfg: AllocBenchConfig, progress=None) -> dict:
+    unknown = [m for m in cfg.methods if _parse(m, cfg.allocation)[0] not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+    methods = {}
+    for name in cfg.methods:
+        t0 = time.perf_counter()
+        methods[name] = run_method(name, cfg)
+        if progress:
+            progress(name, time.perf_counter() - t0)
+    config = asdict(cfg)
+    config["budget_per_step"] = cfg.allocation.budget
+    return {"methods": methods, "stage1_scale": time_stage1(cfg.stage1_num_prompts, cfg.stage1_budget, cfg.seed),
+            "config": config}
+
+
+COLUMNS = ("mixed_trees_per_budget", "effective_ratio", "mixed_anchors_per_budget", "nonzero_adv_token_frac",
+           "units_per_step", "tokens_per_step", "prompts_per_step", "predictor_brier", "predictor_ece",
+           "predictor_auc", "alloc_ms_per_step")
+
+
+def to_markdown(result: dict) -> str:
+    def fmt(v):
+        if v is None:
+            return "-"
+        return f"{v:.4f}" if isinstance(v, float) and abs(v) < 10 else f"{v:.1f}" if isinstance(v, float) else str(v)
+    base = result["methods"].get("grpo", {}).get("mixed_trees_per_budget")
+    header = "| method | " + " | ".join(COLUMNS) + (" | vs grpo |" if base else " |")
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 1 + bool(base))]
+    for name, row in result["methods"].items():
+        cells = [fmt(row.get(c)) for c in COLUMNS]
+        if base:
+            cells.append(f"{row['mixed_trees_per_budget'] / base:.2f}x")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    s1 = result["stage1_scale"]
+    lines.append("")
+    lines.append(f"stage 1 at scale: {s1['num_prompts']:,} prompts, budget {s1['budget']:,.0f}: "
+                 f"{1e3 * s1['seconds']:.0f} ms ({s1['solver']}), relative gap to the dual bound {s1['rel_gap']:.2e}, "
+                 f"{s1['prompts_selected']:,} prompts selected")
+    return "\n".join(lines)

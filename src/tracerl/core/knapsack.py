@@ -1,0 +1,397 @@
+"""Stage-1 solvers: choose m_i in {0} ∪ [m_min, m_max] maximising sum_i V_i(m_i) s.t. sum_i c_i m_i <= B.
+
+Two solvers, both deterministic (ties give the budget to the lower prompt index first):
+
+- `solve_exact`: dynamic programming over the integer budget, O(N * B * #m). Among optimal plans it
+  returns the cheapest one, and among those the one that gives each prompt in index order the most.
+- `solve_lagrangian`: for scale. Relaxing the budget with a multiplier lambda splits the problem into
+  one tiny problem per prompt, argmax_m V_i(m) - lambda c_i m, whose answer always lies on the upper
+  concave hull of the points (0, 0), (m, V_i(m)). So instead of re-evaluating an (N, M) matrix at every
+  bisection step we build each prompt's hull once (segments of slope "value per budget unit") and run
+  the bisection on the flat list of segment slopes, a weighted quickselect that drops settled segments
+  as the bracket shrinks. The result is the lambda* the bisection converges to, computed exactly:
+  the plan takes every segment steeper than lambda*, which is the feasible side. A greedy repair then
+  spends what is left, and the dual value at lambda* is the upper bound.
+
+The values V come from a registered function (see `allocation.ROOT_VALUES`); this module never knows
+which. It does not validate user input: `allocation.solve_roots` does that before calling in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+import numpy as np
+
+ValueFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+MAX_MATRIX_ENTRIES = 50_000_000  # lagrangian: V matrix entries over all prompts and columns
+MAX_DP_CELLS = 200_000_000  # exact: option x budget cells the DP may visit
+MAX_DP_TABLE = 20_000_000  # exact: (N + 1) x (B + 1) floats kept for the backtrack
+
+
+def solve_exact(p: np.ndarray, budget: int, m_min: int, m_max: int | None, cost: np.ndarray,
+                fn: ValueFn) -> tuple[np.ndarray, float]:
+    """Optimal counts by DP over the integer budget (integer costs). Returns (counts, value)."""
+    n = p.size
+    cap = budget // cost if m_max is None else np.minimum(budget // cost, m_max)  # (N,) largest feasible m
+    counts = np.zeros(n, dtype=np.int64)
+    top = int(cap.max())
+    if top < m_min:
+        return counts, 0.0
+    num_opts = np.maximum(cap - m_min + 1, 0)  # (N,) non-zero options per prompt
+    cells = int(num_opts.sum()) * (budget + 1)
+    if cells > MAX_DP_CELLS or (n + 1) * (budget + 1) > MAX_DP_TABLE:
+        raise ValueError(f"solver='exact' needs {cells:.2e} DP cells for {n} prompts and budget {budget}; "
+                         "use solver='lagrangian' (or 'auto'), set m_max, or lower the budget")
+    ms = np.arange(m_min, top + 1)
+    values = fn(p, ms)  # (N, K)
+    b_idx = np.arange(budget + 1)
+    best = np.zeros((n + 1, budget + 1))  # best[i, b]: optimum of prompts i.. with at most b units
+    for i in range(n - 1, -1, -1):
+        nxt = best[i + 1]
+        best[i] = nxt
+        k = num_opts[i]
+        if k:
+            src = b_idx[None, :] - (ms[:k] * cost[i])[:, None]  # (k, B+1) budget left for prompts i+1..
+            cand = np.where(src >= 0, nxt[np.maximum(src, 0)] + values[i, :k, None], -np.inf)
+            np.maximum(best[i], cand.max(axis=0), out=best[i])
+    opt = best[0, budget]
+    tol = 1e-10 * (1.0 + abs(opt))
+    b = int(np.argmax(best[0] >= opt - tol))  # cheapest budget that reaches the optimum
+    for i in range(n):
+        k = num_opts[i]
+        if not k:
+            continue
+        shifts = ms[:k] * cost[i]
+        ok = shifts <= b
+        ok[ok] = values[i, :k][ok] + best[i + 1][b - shifts[ok]] >= best[i, b] - tol
+        if ok.any():  # the largest count that stays optimal: lower index gets the budget first
+            j = int(np.flatnonzero(ok)[-1])
+            counts[i] = ms[j]
+            b -= int(shifts[j])
+    chosen = counts > 0
+    value = float(values[chosen, counts[chosen] - m_min].sum())
+    return counts, value
+
+
+class _Block:
+    """Per-prompt hulls of some prompts over the columns m = m_min..m_cap, as segments (slope, cost).
+
+    Most value functions (all registered ones except nonzero_adv at extreme p) have non-increasing
+    increments after the first hull vertex, so a prompt's hull is a *chain*: one entry segment 0 -> m_k
+    then one segment per column. Prompts whose increments rise again get a general hull instead.
+    Arrays are stored m-major, (K, n), so that every step along m is one contiguous vector operation.
+    """
+
+    def __init__(self, rows: np.ndarray, p: np.ndarray, cost: np.ndarray, m_min: int, m_cap: int, fn: ValueFn):
+        self.rows, self.m_cap = rows, m_cap
+        self.ms = ms = np.arange(m_min, m_cap + 1)
+        self.c = cost[rows]
+        self.unit_cost = bool(np.all(self.c == self.c[0]))
+        u = np.ascontiguousarray(np.asarray(fn(p[rows], ms), dtype=float).T)  # (K, n)
+        if not (self.unit_cost and self.c[0] == 1.0):
+            u = u / (self.c[0] if self.unit_cost else self.c)  # value per budget unit
+        self.u = u
+        k, n = u.shape
+        self.live = np.ones(n, dtype=bool)  # False once the prompt moved to a wider block
+        entry, first = u[0] / ms[0], np.zeros(n, dtype=np.int64)  # steepest segment from the origin, first on ties
+        for j in range(1, k):
+            ratio = u[j] / ms[j]
+            steeper = ratio > entry
+            first[steeper] = j
+            np.maximum(entry, ratio, out=entry)
+        inc = np.empty_like(u)  # inc[j]: slope of ms[j-1] -> ms[j]; +inf while inside the entry segment
+        inc[0] = np.inf
+        np.subtract(u[1:], u[:-1], out=inc[1:])
+        inside = [(j, first >= j) for j in range(1, int(first.max()) + 1)]
+        for j, mask in inside:
+            inc[j, mask] = np.inf
+        after = np.flatnonzero(first + 1 < k)
+        flat, at = inc.reshape(-1), (first[after] + 1) * n + after  # first chain step is no steeper than the entry
+        flat[at] = np.minimum(flat[at], entry[after])
+        tol = 1e-12 * (1.0 + np.abs(entry) * m_cap + np.abs(u[-1]))
+        rising = np.zeros(n, dtype=bool)
+        for j in range(2, k):  # a chain must not rise; float noise below tol is flattened
+            rising |= inc[j] > inc[j - 1] + tol
+            np.minimum(inc[j], inc[j - 1], out=inc[j])
+        inc[0] = -np.inf
+        for j, mask in inside:
+            inc[j, mask] = -np.inf
+        self.hull_loc = np.flatnonzero(rising)
+        entry[self.hull_loc] = -np.inf
+        inc[:, self.hull_loc] = -np.inf
+        self.entry, self.first, self.inc = entry, first, inc
+        self.hull_s, self.hull_m = _upper_hull(u[:, self.hull_loc].T, ms)
+
+    def segments(self) -> list[tuple[np.ndarray, np.ndarray | float]]:
+        """(slopes, costs) of every segment; a cost may be one float shared by all slopes."""
+        c = self.c
+        inc_w = float(c[0]) if self.unit_cost else np.tile(c, self.ms.size)
+        segs = [(self.entry, self.ms[self.first] * c), (self.inc.ravel(), inc_w)]
+        if self.hull_loc.size:
+            prev = np.concatenate([np.zeros((self.hull_m.shape[0], 1)), self.hull_m[:, :-1]], axis=1)
+            segs.append((self.hull_s.ravel(), ((self.hull_m - prev) * c[self.hull_loc, None]).ravel()))
+        return segs
+
+    def choose(self, lam: float) -> np.ndarray:
+        """Each prompt's argmax_m V(m) - lam c m (ties -> smallest m): the end of its segments steeper than lam."""
+        m = np.where(self.entry > lam, self.ms[self.first] + np.count_nonzero(self.inc > lam, axis=0), 0)
+        if self.hull_loc.size:
+            taken = (self.hull_s > lam).sum(axis=1)
+            ends = self.hull_m[np.arange(taken.size), np.maximum(taken - 1, 0)]
+            m[self.hull_loc] = np.where(taken > 0, ends, 0)
+        return m
+
+    def last_slope(self) -> np.ndarray:
+        """Slope of each prompt's hull segment that ends at the cap (-inf once retired)."""
+        out = np.where(self.first == self.ms.size - 1, self.entry, self.inc[-1])
+        if self.hull_loc.size:
+            out[self.hull_loc] = self.hull_s[np.arange(self.hull_loc.size), (self.hull_m > 0).sum(axis=1) - 1]
+        return out
+
+    def dual_terms(self, lam: float) -> float:
+        """sum over live prompts of max(0, max_m V(m) - lam c m)."""
+        best = np.zeros(self.c.size)
+        for j, m in enumerate(self.ms):
+            np.maximum(best, self.u[j] - lam * m, out=best)
+        return float((best * self.c)[self.live].sum())
+
+    def value(self, loc: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """V(m) of local prompts `loc` (0 where m == 0)."""
+        col = np.maximum(m - self.ms[0], 0)
+        return np.where(m > 0, self.u[col, loc] * self.c[loc], 0.0)
+
+    def next_vertex(self, loc: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """Smallest hull vertex above m: the farthest a greedy move from m needs to look."""
+        entry = self.ms[self.first[loc]]
+        out = np.where(m < entry, entry, m + 1)
+        hull = np.flatnonzero(np.isin(loc, self.hull_loc))
+        if hull.size:
+            ends = self.hull_m[np.searchsorted(self.hull_loc, loc[hull])]  # (h, H) ascending, 0-padded
+            out[hull] = np.where(ends > m[hull, None], ends, np.iinfo(np.int64).max).min(axis=1)
+        return out
+
+    def retire(self, loc: np.ndarray) -> None:
+        """Hand prompts over to a wider block: their segments leave this one."""
+        self.live[loc] = False
+        self.entry[loc] = -np.inf
+        self.inc[:, loc] = -np.inf
+        self.hull_s[np.isin(self.hull_loc, loc)] = -np.inf
+
+
+def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None, cost: np.ndarray,
+                     fn: ValueFn) -> tuple[np.ndarray, float, float]:
+    """Lagrangian counts plus greedy repair. Returns (counts, value, upper_bound)."""
+    n = p.size
+    integral = bool(np.all(cost == np.round(cost)))
+    fit = float(np.floor(budget)) if integral else budget * (1.0 - 1e-12)  # float sums must not round past B
+    hard = np.floor(budget / cost).astype(np.int64)  # (N,) most rollouts a prompt could afford alone
+    cap = hard if m_max is None else np.minimum(hard, m_max)
+    rows = np.flatnonzero(cap >= m_min)
+    counts = np.zeros(n, dtype=np.int64)
+    if rows.size == 0:
+        return counts, 0.0, 0.0
+    if m_max is None:  # start narrow; prompts whose choice sits at the cap get a block twice as wide
+        m_cap = min(int(cap.max()), m_min + 2 * int(np.ceil(budget / cost.sum())))
+    else:
+        m_cap = int(cap.max())
+    _check_size(rows.size * (m_cap - m_min + 1), m_max)
+    blocks = [_Block(rows, p, cost, m_min, m_cap, fn)]
+    owner = np.full(n, -1)  # block index of each prompt
+    owner[rows] = 0
+    loc = np.zeros(n, dtype=np.int64)  # row of each prompt inside its block
+    loc[rows] = np.arange(rows.size)
+    while True:
+        lam = _threshold([s for b in blocks for s in b.segments()], fit)
+        for bi, blk in enumerate(blocks):
+            counts[blk.rows[blk.live]] = blk.choose(lam)[blk.live]
+        if m_max is not None:
+            break
+        grown = False
+        for blk in list(blocks):  # a prompt whose hull still climbs at the cap might want more than the cap
+            at_cap = np.flatnonzero(blk.live & (blk.last_slope() >= lam) & (hard[blk.rows] > blk.m_cap))
+            if at_cap.size:
+                ext = blk.rows[at_cap]
+                wider = min(2 * blk.m_cap, int(hard[ext].max()))
+                _check_size(sum(b.u.size for b in blocks) + ext.size * (wider - m_min + 1), m_max)
+                blk.retire(at_cap)
+                blocks.append(_Block(ext, p, cost, m_min, wider, fn))
+                owner[ext], loc[ext] = len(blocks) - 1, np.arange(ext.size)
+                grown = True
+        if not grown:
+            break
+    upper = sum(b.dual_terms(lam) for b in blocks) + lam * budget
+    m_top = np.zeros(n, dtype=np.int64)
+    for blk in blocks:
+        m_top[blk.rows[blk.live]] = blk.m_cap
+    _repair(counts, fit - float(np.sum(counts * cost)), blocks, owner, loc, cost, m_min, np.minimum(m_top, cap))
+    value = float(_per_block("value", blocks, owner, loc, np.arange(n), counts).sum())
+    return counts, value, max(upper, value)
+
+
+def _check_size(entries: int, m_max: int | None) -> None:
+    if entries > MAX_MATRIX_ENTRIES:
+        hint = "set m_max" if m_max is None else "lower m_max"
+        raise ValueError(f"stage-1 relaxation needs {entries:.2e} value entries (> {MAX_MATRIX_ENTRIES:.0e}); "
+                         f"{hint} to cap the rollouts one prompt may get")
+
+
+def _per_block(method: str, blocks, owner, loc, idx, m) -> np.ndarray:
+    """Call a _Block method for prompts `idx` (global ids), each in the block that owns it."""
+    out = np.zeros(idx.size, dtype=np.result_type(float if method == "value" else np.int64))
+    for bi, blk in enumerate(blocks):
+        sel = np.flatnonzero(owner[idx] == bi)
+        if sel.size:
+            out[sel] = getattr(blk, method)(loc[idx[sel]], m[sel])
+    return out
+
+
+def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
+    """Spend `left` greedily by gain per cost (ties: lower index). A prompt's move is its best affordable
+    m -> m' up to its next hull vertex (entering at m' >= m_min): for a chain that is m -> m + 1, or the
+    entry block for a prompt not yet in. Vectorised rounds (every prompt proposes one move, the best are
+    taken while they fit) while many prompts move at once, then one move at a time from a heap."""
+    while True:
+        idx = np.flatnonzero((np.where(counts == 0, m_min, counts + 1) <= m_top) & (cost <= left))
+        ratio, target = _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)
+        pos = ratio > 0
+        if not pos.any():
+            return
+        idx, ratio, target = idx[pos], ratio[pos], target[pos]
+        order = np.lexsort((idx, -ratio))
+        spent = np.cumsum(((target - counts[idx]) * cost[idx])[order])
+        take = order[: int(np.searchsorted(spent, left, side="right"))]
+        counts[idx[take]] = target[take]
+        left -= float(spent[take.size - 1])
+        if take.size < 32:
+            break
+    heap = []  # (-ratio, prompt, target): one live proposal per prompt
+    for i in np.flatnonzero(cost <= left).tolist():
+        _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top)
+    heapq.heapify(heap)
+    while heap:
+        _, i, m1 = heapq.heappop(heap)
+        move_cost = (m1 - counts[i]) * cost[i]
+        if move_cost <= left:
+            counts[i] = m1
+            left -= move_cost
+        _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top, push=True)
+
+
+def _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top, push=False) -> None:
+    one = np.array([i])
+    ratio, target = _best_moves(blocks, owner, loc, one, counts, left, cost, m_min, m_top)
+    if ratio.size and ratio[0] > 0:
+        entry = (-float(ratio[0]), i, int(target[0]))
+        heapq.heappush(heap, entry) if push else heap.append(entry)
+
+
+def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tuple[np.ndarray, np.ndarray]:
+    """Best affordable move of each prompt in idx: (gain per cost, target count); -inf when none."""
+    m0, c = counts[idx], cost[idx]
+    lo = np.where(m0 == 0, m_min, m0 + 1)
+    reach = np.minimum(np.minimum(m_top[idx], m0 + np.floor(left / c + 1e-9).astype(np.int64)),
+                       _per_block("next_vertex", blocks, owner, loc, idx, m0))
+    reach = np.where((reach - m0) * c <= left, reach, reach - 1)  # the floor above may round up by one
+    best, target = np.full(idx.size, -np.inf), m0.copy()
+    ok = np.flatnonzero(reach >= lo)
+    if ok.size == 0:
+        return best, target
+    width = int((reach[ok] - lo[ok]).max()) + 1
+    m1 = np.minimum(lo[ok, None] + np.arange(width), reach[ok, None])  # (k, width) candidate targets
+    rows = np.repeat(idx[ok], width)
+    gain = _per_block("value", blocks, owner, loc, rows, m1.ravel()).reshape(m1.shape) - \
+        _per_block("value", blocks, owner, loc, idx[ok], m0[ok])[:, None]
+    ratio = gain / ((m1 - m0[ok, None]) * c[ok, None])
+    j = np.argmax(ratio, axis=1)  # first max: the smallest target wins ties
+    best[ok], target[ok] = ratio[np.arange(ok.size), j], m1[np.arange(ok.size), j]
+    return best, target
+
+
+def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: float) -> float:
+    """lambda*: the largest slope t with cost(slopes >= t) > budget, or 0 when all positive slopes fit.
+
+    Taking every segment with slope > lambda* is the feasible side of the bisection. Weighted quickselect
+    over the parts as given (the big ones are never copied whole): each round brackets the crossing that a
+    random sample predicts with two pivots and keeps only the undecided slopes.
+    """
+    parts = [(s, w) for s, w in segments if s.size]
+    base = 0.0  # cost of the slopes known to be > lambda*
+    rng = np.random.default_rng(0)  # pivots only; the answer does not depend on them
+    while (total := sum(s.size for s, _ in parts)) > 4096:
+        picks = [rng.integers(0, s.size, max(1, 16384 * s.size // total)) for s, _ in parts]
+        sample = np.concatenate([s[i] for (s, _), i in zip(parts, picks)])
+        sample_w = np.concatenate([np.full(i.size, w) if np.isscalar(w) else w[i] for (_, w), i in zip(parts, picks)])
+        order = np.argsort(-sample)
+        est = base + np.cumsum(sample_w[order]) * (total / sample.size)
+        at = int(np.searchsorted(est, budget, side="right"))
+        tiny = np.nextafter(0.0, 1.0)  # slopes <= 0 are never taken
+        hi = max(float(sample[order[max(at - 256, 0)]]), tiny)
+        lo = max(float(sample[order[min(at + 256, sample.size - 1)]]), tiny)
+        w_hi, ge_hi = _weight_at_least(parts, hi)
+        if base + w_hi > budget:  # lambda* >= hi
+            keep = ge_hi
+        else:
+            w_lo, ge_lo = _weight_at_least(parts, lo)
+            if base + w_lo > budget:  # lo <= lambda* < hi
+                base, keep = base + w_hi, [a & ~b for a, b in zip(ge_lo, ge_hi)]
+            else:  # lambda* < lo
+                base, keep = base + w_lo, [(s > 0) & ~a for (s, _), a in zip(parts, ge_lo)]
+        parts = [(s[k], w if np.isscalar(w) else w[k]) for (s, w), k in zip(parts, keep) if k.any()]
+        if sum(s.size for s, _ in parts) == total:  # nothing decided: hi is the smallest slope left
+            w_strict, gt = _weight_at_least(parts, np.nextafter(hi, math.inf))
+            if base + w_strict <= budget:
+                return hi
+            parts = [(s[k], w if np.isscalar(w) else w[k]) for (s, w), k in zip(parts, gt) if k.any()]
+    s = np.concatenate([s for s, _ in parts] + [np.zeros(0)])
+    w = np.concatenate([np.full(p.size, c) if np.isscalar(c) else c for p, c in parts] + [np.zeros(0)])
+    keep = s > 0
+    s, w = s[keep], w[keep]
+    order = np.argsort(-s, kind="stable")
+    spent = base + np.cumsum(w[order])
+    if s.size == 0 or spent[-1] <= budget:
+        return 0.0
+    return float(s[order][int(np.searchsorted(spent, budget, side="right"))])
+
+
+def _weight_at_least(parts, t: float) -> tuple[float, list[np.ndarray]]:
+    """Total cost of the segments with slope >= t, and the masks."""
+    masks = [s >= t for s, _ in parts]
+    total = sum(float(np.count_nonzero(m)) * w if np.isscalar(w) else float(np.sum(w, where=m))
+                for (_, w), m in zip(parts, masks))
+    return total, masks
+
+
+def _upper_hull(u: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Upper concave hull of (0, 0), (ms[j], u[i, j]) per row, found for all rows in lockstep (monotone chain).
+
+    Returns slopes (g, H), non-increasing along each row and -inf-padded, and the m at each segment's end.
+    """
+    g, k = u.shape
+    if g == 0:
+        return np.zeros((0, 1)), np.zeros((0, 1), dtype=np.int64)
+    x = np.concatenate([[0], ms]).astype(float)
+    y = np.concatenate([np.zeros((g, 1)), u], axis=1)  # (g, K+1), point 0 is the origin
+    stack = np.zeros((g, k + 1), dtype=np.int64)
+    top = np.zeros(g, dtype=np.int64)
+    r = np.arange(g)
+    for j in range(1, k + 1):
+        while True:
+            live = np.flatnonzero(top >= 1)
+            a, b = stack[live, top[live] - 1], stack[live, top[live]]
+            ya, yb = y[live, a], y[live, b]
+            drop = (yb - ya) * (x[j] - x[b]) <= (y[live, j] - yb) * (x[b] - x[a])  # b is not above chord a-j
+            if not drop.any():
+                break
+            top[live[drop]] -= 1
+        top += 1
+        stack[r, top] = j
+    h = int(top.max())
+    ends, starts = stack[:, 1:h + 1], stack[:, :h]
+    valid = np.arange(h) < top[:, None]
+    slopes = (y[r[:, None], ends] - y[r[:, None], starts]) / (x[ends] - x[starts])
+    slopes = np.minimum.accumulate(np.where(valid, slopes, -np.inf), axis=1)
+    return slopes, np.where(valid, x[ends], 0).astype(np.int64)

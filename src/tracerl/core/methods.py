@@ -1,0 +1,207 @@
+"""Methods as presets of one machinery: a root policy (stage 1), a prefix policy (stage 2), an advantage.
+
+GRPO, PCL, TreePO, TRACE and TRACE's ablations differ only in which registered policy fills each
+slot, so every method runs through the same step (`tracerl.core.growth.grow_trees`) and is compared
+at the same budget. Root policies share one signature, `fn(p_pool, budget, config, rng) -> counts`;
+prefix policies share `fn(p, outcome, budget, config, rng) -> K`. Both receive arrays, never a
+predictor, so an oracle or any user model can stand behind the probabilities.
+
+This module decides *how much* to sample where. It does not sample, score or train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Callable
+
+import numpy as np
+
+from tracerl.core.allocation import ROOT_VALUES, allocate_prefixes, allocate_roots
+
+
+@dataclass(frozen=True)
+class AllocationConfig:
+    """The sampling budget of one step and how it may be spent. Every method sees the same values."""
+
+    num_prompts: int = 64  # prompts per step for uniform methods; budget = num_prompts * rollouts_per_prompt
+    rollouts_per_prompt: int = 8  # n of GRPO-style methods; sets the budget every method gets
+    pool_factor: int = 4  # candidate pool = pool_factor * num_prompts (PCL and the knapsack select from it)
+    m_min: int = 2  # fewest rollouts a selected prompt gets (one rollout can never be mixed)
+    m_max: int | None = 16  # most rollouts one prompt may get in stage 1; None = only the budget limits it
+    root_value: str = "v_root"  # stage-1 objective: v_root (paper), knapsack_rl or nonzero_adv
+    root_share: float = 0.75  # share of the budget spent on fresh rollouts by methods with a stage 2
+    continuation_cost: float = 0.5  # budget units of one continuation (a fresh rollout costs 1)
+    expand_rounds: int = 2  # stage-2 rounds; each round can branch from nodes the previous one created
+    k_max: int | None = 4  # most continuations one prefix gets per round
+    branch_width: int = 2  # TreePO: continuations per randomly chosen prefix
+    stage2_mode: str = "per_prompt"  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_prompts < 1:
+            problems.append(f"num_prompts={self.num_prompts} must be >= 1")
+        if self.rollouts_per_prompt < 2:
+            problems.append(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= 2 (one rollout is never mixed)")
+        if self.pool_factor < 1:
+            problems.append(f"pool_factor={self.pool_factor} must be >= 1")
+        if self.m_min < 2:
+            problems.append(f"m_min={self.m_min} must be >= 2 (one rollout is never mixed)")
+        if self.m_max is not None and self.m_max < self.m_min:
+            problems.append(f"m_max={self.m_max} < m_min={self.m_min}; raise m_max or lower m_min")
+        if self.root_value not in ROOT_VALUES:
+            problems.append(f"root_value={self.root_value!r} is unknown; use one of {sorted(ROOT_VALUES)}")
+        if not 0.0 < self.root_share <= 1.0:
+            problems.append(f"root_share={self.root_share} must be in (0, 1]")
+        if not self.continuation_cost > 0:
+            problems.append(f"continuation_cost={self.continuation_cost} must be > 0")
+        if self.expand_rounds < 0 or self.branch_width < 1:
+            problems.append("expand_rounds must be >= 0 and branch_width >= 1")
+        if self.k_max is not None and self.k_max < 1:
+            problems.append(f"k_max={self.k_max} must be >= 1 or None")
+        if self.stage2_mode not in ("per_prompt", "global"):
+            problems.append(f"stage2_mode={self.stage2_mode!r}; use 'per_prompt' or 'global'")
+        if self.budget < self.m_min:
+            problems.append(f"budget {self.budget} is below m_min={self.m_min}; raise num_prompts or rollouts_per_prompt")
+        if problems:
+            raise ValueError("invalid allocation config: " + "; ".join(problems))
+
+    @property
+    def budget(self) -> float:
+        """B = B_root + B_prefix in trajectory units: what GRPO spends on num_prompts * n fresh rollouts."""
+        return float(self.num_prompts * self.rollouts_per_prompt)
+
+    @property
+    def pool_size(self) -> int:
+        return self.num_prompts * self.pool_factor
+
+    def with_overrides(self, **overrides) -> "AllocationConfig":
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown allocation option(s) {unknown}; known: {sorted(known)}")
+        return replace(self, **overrides)
+
+
+# ---------------------------------------------------------------------------------------------- stage 1
+RootPolicy = Callable[[np.ndarray, float, AllocationConfig, np.random.Generator], np.ndarray]
+ROOT_POLICIES: dict[str, RootPolicy] = {}
+
+
+def register_root_policy(name: str):
+    def wrap(fn: RootPolicy) -> RootPolicy:
+        ROOT_POLICIES[name] = fn
+        return fn
+    return wrap
+
+
+@register_root_policy("uniform")
+def uniform_roots(p_pool, budget, config, rng):
+    """GRPO's batch: floor(budget / n) prompts drawn at random from the pool, n rollouts each."""
+    n = config.rollouts_per_prompt
+    num = min(len(p_pool), int(budget // n))
+    counts = np.zeros(len(p_pool), dtype=np.int64)
+    counts[rng.choice(len(p_pool), size=num, replace=False)] = n
+    return counts
+
+
+@register_root_policy("pcl")
+def pcl_roots(p_pool, budget, config, rng):
+    """PCL (arXiv 2510.01135): the floor(budget / n) pool prompts with predicted p closest to 0.5, n each."""
+    n = config.rollouts_per_prompt
+    num = min(len(p_pool), int(budget // n))
+    order = np.argsort(np.abs(np.asarray(p_pool) - 0.5), kind="stable")
+    counts = np.zeros(len(p_pool), dtype=np.int64)
+    counts[order[:num]] = n
+    return counts
+
+
+@register_root_policy("knapsack")
+def knapsack_roots(p_pool, budget, config, rng):
+    """TRACE stage 1: maximise sum_i V(p_i, m_i) s.t. sum_i m_i <= budget (see allocation.solve_roots)."""
+    return allocate_roots(p_pool, budget, m_min=config.m_min, m_max=config.m_max, value=config.root_value)
+
+
+# ---------------------------------------------------------------------------------------------- stage 2
+PrefixPolicy = Callable[[np.ndarray, np.ndarray, float, AllocationConfig, np.random.Generator], np.ndarray]
+PREFIX_POLICIES: dict[str, PrefixPolicy] = {}
+
+
+def register_prefix_policy(name: str, *, needs_p: bool = True, granule: Callable[[AllocationConfig], int] = lambda c: 1):
+    """Register a stage-2 policy. `needs_p`: whether it reads predicted p (else no prediction is paid for);
+    `granule`: the continuations it grants at a time, so a per-prompt budget is split in whole granules."""
+    def wrap(fn: PrefixPolicy) -> PrefixPolicy:
+        fn.needs_p, fn.granule = needs_p, granule
+        PREFIX_POLICIES[name] = fn
+        return fn
+    return wrap
+
+
+@register_prefix_policy("predictor")
+def predictor_prefixes(p, outcome, budget, config, rng):
+    """TRACE stage 2: maximise sum_y 1 - q_y^K_y with q = r p + (1 - r)(1 - p) (greedy, optimal at equal costs)."""
+    return allocate_prefixes(p, outcome, budget, cost=np.full(len(p), config.continuation_cost), k_max=config.k_max)
+
+
+@register_prefix_policy("uniform", needs_p=False)
+def uniform_prefixes(p, outcome, budget, config, rng):
+    """Ablation: the same candidates and budget as TRACE, spread evenly (lower index first), p ignored."""
+    num = len(p)
+    total = int(budget // config.continuation_cost + 1e-9)
+    if config.k_max is not None:
+        total = min(total, num * config.k_max)
+    counts = np.full(num, total // num if num else 0, dtype=np.int64)
+    counts[: total - int(counts.sum())] += 1
+    return counts
+
+
+@register_prefix_policy("random", needs_p=False, granule=lambda c: c.branch_width)
+def random_prefixes(p, outcome, budget, config, rng):
+    """TreePO-style heuristic: branch at randomly chosen visited prefixes, branch_width continuations each."""
+    num = len(p)
+    per_branch = config.branch_width * config.continuation_cost
+    num_branches = min(num, int(budget // per_branch + 1e-9))
+    counts = np.zeros(num, dtype=np.int64)
+    counts[rng.choice(num, size=num_branches, replace=False)] = config.branch_width
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------- presets
+@dataclass(frozen=True)
+class MethodPreset:
+    name: str
+    root_policy: str  # key of ROOT_POLICIES
+    prefix_policy: str | None  # key of PREFIX_POLICIES, None = no stage 2
+    advantage: str  # key of tracerl.core.advantages.ADVANTAGES
+    predictor: str  # "learned", "oracle" (true p, simulator only) or "none"
+    prefix_candidates: str = "unmixed"  # "unmixed": nodes whose leaves agree; "all": every visited prefix
+    description: str = ""
+
+    def root_budget(self, config: AllocationConfig) -> float:
+        return config.budget if self.prefix_policy is None else config.budget * config.root_share
+
+
+METHODS: dict[str, MethodPreset] = {m.name: m for m in [
+    MethodPreset("grpo", "uniform", None, "grpo", "none",
+                 description="uniform n per prompt, batch drawn at random, no branching"),
+    MethodPreset("pcl", "pcl", None, "grpo", "learned",
+                 description="prompts with predicted p closest to 0.5 from a larger pool, n each"),
+    MethodPreset("treepo", "uniform", "random", "treepo", "none", prefix_candidates="all",
+                 description="uniform n, then fixed-width branches at random visited prefixes"),
+    MethodPreset("trace", "knapsack", "predictor", "trace", "learned",
+                 description="knapsack over the pool, then predictor-guided prefix expansion"),
+    MethodPreset("trace-root-only", "knapsack", None, "trace", "learned",
+                 description="ablation: stage 1 only, the whole budget on fresh rollouts"),
+    MethodPreset("trace-prefix-only", "uniform", "predictor", "trace", "learned",
+                 description="ablation: GRPO's random batch, then predictor-guided expansion"),
+    MethodPreset("trace-oracle", "knapsack", "predictor", "trace", "oracle",
+                 description="ablation: trace with the true success probability (simulator only)"),
+    MethodPreset("trace-uniform-prefix", "knapsack", "uniform", "trace", "learned",
+                 description="ablation: knapsack roots, stage-2 budget spread evenly over prefixes"),
+]}
+
+
+def get_method(name: str) -> MethodPreset:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}") from None

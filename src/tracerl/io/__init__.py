@@ -1,0 +1,1 @@
+"""tracerl.io: files, engines, environments and the rollout driver; never imports torch."""

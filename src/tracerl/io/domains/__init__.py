@@ -1,0 +1,1 @@
+"""Task domains: rows in verl layout, tool-using environments, scripted experts."""

@@ -1,0 +1,90 @@
+"""What every task domain provides, and a base for tool-using environments.
+
+A domain makes prompt rows (verl layout: `data_source`, `prompt` as chat messages,
+`reward_model: {"style": "rule", "ground_truth": ...}`, `extra_info`), environments that run them,
+and a scripted expert that solves them (for tests and warm starts). `ToolEnv` does the common part of
+a turn: parse the action, run a tool or score the final answer, turn every failure into an observation.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from tracerl.io.actions import Tool, call_tool, parse_action
+from tracerl.io.env import StepResult
+
+
+class ToolEnv:
+    """Subclasses set `self.state` in `reset` and implement `tool_table`, `user_message` and `score`.
+
+    Snapshot/restore deep-copy `self.state`, so everything a continuation must resume belongs there."""
+
+    def __init__(self) -> None:
+        self.row: dict[str, Any] = {}
+        self.state: dict[str, Any] = {}
+
+    # -- subclass hooks
+    def initial_state(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def tool_table(self) -> dict[str, Tool]:
+        return {}
+
+    def user_message(self, row: dict[str, Any]) -> str:
+        return row["prompt"][-1]["content"]
+
+    def score(self, answer: str) -> float:
+        raise NotImplementedError
+
+    # -- Environment protocol
+    def reset(self, row: dict[str, Any]) -> str:
+        self.row = row
+        self.state = self.initial_state(row)
+        return self.user_message(row)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in self.tool_table().values()]
+
+    def step(self, action: str) -> StepResult:
+        parsed = parse_action(action)
+        if parsed.kind == "answer":
+            return StepResult("", True, reward=float(self.score(parsed.answer)), info={"answer": parsed.answer})
+        if parsed.kind == "invalid":
+            return StepResult(f"error: {parsed.error}", False, tool_error=True, info={"error": "format"})
+        observation, failed = call_tool(self.tool_table(), parsed)
+        return StepResult(observation, False, tool_error=failed, info={"tool": parsed.name})
+
+    def snapshot(self) -> Any:
+        return copy.deepcopy(self.state)
+
+    def restore(self, snapshot: Any) -> None:
+        self.state = copy.deepcopy(snapshot)
+
+
+def make_row(data_source: str, question: str, ground_truth: Any, *, split: str, index: int,
+             system: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One prompt row in verl's layout."""
+    prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return {"data_source": data_source, "prompt": prompt,
+            "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"split": split, "index": index, **extra}}
+
+
+class Domain(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
+        """`num` prompt rows of `split` ("train" or "test"); the two splits never share a prompt."""
+
+    @abstractmethod
+    def make_env(self) -> ToolEnv:
+        """A fresh environment (one per rollout)."""
+
+    @abstractmethod
+    def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
+        """The scripted expert's next policy text, given the (action, observation) pairs so far."""

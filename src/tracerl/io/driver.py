@@ -1,0 +1,194 @@
+"""The ReAct tree driver: a `RolloutRunner` over a real engine, a chat template and a domain's environments.
+
+Per call it advances every active rollout one turn at a time, batching one engine call per turn over
+all of them (the n rollouts of one anchor share one prefix, so the engine can prefill it once). Each
+turn becomes a node: the policy's token ids and logprobs exactly as sampled (mask 1), then the text
+the environment inserts, rendered by the tokenizer's chat template (mask 0). A continuation from a
+node restores that node's environment snapshot and resumes from the node's exact token ids.
+
+Model output never raises out of here: format errors and tool failures are observations; an
+environment that raises, a turn limit or a token limit ends the rollout as a failed leaf. Each case is
+counted in `counters`. The driver tokenizes; engines and environments never do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tracerl.core.history import History
+from tracerl.core.tree import Segment, Tree
+from tracerl.io.chat import ChatRenderer
+from tracerl.io.engine import Engine, SamplingParams
+
+
+@dataclass(frozen=True)
+class DriverLimits:
+    max_turns: int = 6  # policy turns per rollout; the turn that reaches it without an answer is a failed leaf
+    max_tokens_per_turn: int = 128  # sampled tokens per turn (SamplingParams.max_tokens)
+    max_tokens_per_rollout: int = 1024  # policy + observation tokens after the prompt
+    max_observation_chars: int = 1500  # longer observations are cut (the model is told)
+
+    def __post_init__(self) -> None:
+        if min(self.max_turns, self.max_tokens_per_turn, self.max_tokens_per_rollout, self.max_observation_chars) < 1:
+            raise ValueError(f"every driver limit must be >= 1, got {self}")
+
+
+@dataclass
+class _Active:
+    tree: Tree
+    node_id: int
+    env: Any
+    prefix: list[int]  # exact token ids of the prefix ending at node_id
+    origin: str
+    anchor: int  # the node this rollout started from
+
+
+class ReActDriver:
+    def __init__(self, engine: Engine, renderer: ChatRenderer, domain: Any, *,
+                 sampling: SamplingParams = SamplingParams(), limits: DriverLimits = DriverLimits()):
+        self.engine, self.renderer, self.domain, self.limits = engine, renderer, domain, limits
+        self.sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                                       max_tokens=limits.max_tokens_per_turn,
+                                       stop_token_ids=tuple(dict.fromkeys(sampling.stop_token_ids
+                                                                           + renderer.stop_token_ids)),
+                                       seed=sampling.seed)
+        self.rows: list[dict[str, Any]] = []
+        self.counters: Counter[str] = Counter()
+        self._snapshots: dict[tuple[int, int], Any] = {}  # (id(tree), node_id) -> environment state after that node
+        self._prefix_len: dict[tuple[int, int], int] = {}
+        self._calls = 0
+
+    # ------------------------------------------------------------------ pool
+    def set_rows(self, rows: Sequence[dict[str, Any]]) -> list[History]:
+        """Fix the step's candidate pool; returns its bare-prompt histories for the predictor."""
+        self.rows = list(rows)
+        self._snapshots.clear()
+        self._prefix_len.clear()
+        return [History(text=row["prompt"][-1]["content"], prompt_id=_prompt_id(row)) for row in self.rows]
+
+    # ------------------------------------------------------------------ RolloutRunner
+    def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
+        trees, starts = [], []
+        for pool_index, m in zip(prompt_indices, counts):
+            row = self.rows[pool_index]
+            env = self.domain.make_env()
+            question = env.reset(row)
+            messages = [m for m in row["prompt"] if m["role"] == "system"] + [{"role": "user", "content": question}]
+            ids = self.renderer.prompt_ids(messages, env.tools())
+            tree = Tree.new(_prompt_id(row), Segment(ids, [0.0] * len(ids), [0] * len(ids), "", question),
+                            meta={"pool_index": int(pool_index), "data_source": row.get("data_source", "")})
+            self._remember(tree, 0, env, len(ids))
+            trees.append(tree)
+            starts.append((tree, 0, int(m)))
+        return trees, self._run(starts, origin="bare")
+
+    def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
+        return self._run([(tree, node_id, int(k)) for tree, node_id, k in requests], origin="continuation")
+
+    # ------------------------------------------------------------------ the loop
+    def _remember(self, tree: Tree, node_id: int, env: Any, prefix_len: int) -> None:
+        self._snapshots[(id(tree), node_id)] = env.snapshot()
+        self._prefix_len[(id(tree), node_id)] = prefix_len
+
+    def _resume(self, tree: Tree, node_id: int) -> tuple[Any, list[int]]:
+        """A fresh environment in the node's state, and the node's exact prefix ids (checked against the tree)."""
+        key = (id(tree), node_id)
+        if key not in self._snapshots:
+            raise ValueError(f"node {node_id} of tree {tree.prompt_id!r} was not grown by this driver in this step; "
+                             "continuations must come from nodes of the current step")
+        env = self.domain.make_env()
+        env.reset(self.rows[tree.meta["pool_index"]])
+        env.restore(self._snapshots[key])
+        prefix = tree.prefix_token_ids(node_id)
+        assert len(prefix) == self._prefix_len[key], "a branch must resume the very same token ids as its prefix"
+        return env, prefix
+
+    def _run(self, starts: list[tuple[Tree, int, int]], origin: str) -> int:
+        """Grow k rollouts from each (tree, node, k) to their leaves; returns the number of tokens sampled."""
+        num_sampled = 0
+        groups = [(self._resume(tree, node_id), tree, node_id, k) for tree, node_id, k in starts if k > 0]
+        # first turn: one engine call, n samples per anchor (they share the anchor's prefix)
+        pending: list[tuple[_Active, Any]] = []
+        if groups:
+            outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups])
+            for ((env, prefix), tree, node_id, k), completions in zip(groups, outs):
+                for j, completion in enumerate(completions):
+                    own_env = env if j == k - 1 else self._copy_env(tree, node_id, env)
+                    pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id), completion))
+        while pending:
+            active = []
+            for rollout, completion in pending:
+                num_sampled += len(completion.token_ids)
+                if self._advance(rollout, completion):
+                    active.append(rollout)
+            if not active:
+                break
+            outs = self._generate([r.prefix for r in active], [1] * len(active))
+            pending = [(r, c[0]) for r, c in zip(active, outs)]
+        return num_sampled
+
+    def _copy_env(self, tree: Tree, node_id: int, env: Any) -> Any:
+        fresh = self.domain.make_env()
+        fresh.reset(self.rows[tree.meta["pool_index"]])
+        fresh.restore(self._snapshots[(id(tree), node_id)])
+        return fresh
+
+    def _generate(self, prefixes: list[list[int]], counts: list[int]):
+        self._calls += 1
+        params = self.sampling if self.sampling.seed is None else \
+            SamplingParams(self.sampling.temperature, self.sampling.top_p, self.sampling.max_tokens,
+                           self.sampling.stop_token_ids, self.sampling.seed + self._calls)
+        return self.engine.generate(prefixes, params, counts)
+
+    def _advance(self, rollout: _Active, completion) -> bool:
+        """Apply one sampled turn; returns True while the rollout goes on."""
+        limits, renderer = self.limits, self.renderer
+        tree, parent = rollout.tree, rollout.node_id
+        policy_ids, logprobs = list(completion.token_ids), list(completion.logprobs)
+        text = renderer.policy_text(policy_ids)
+        self.counters["rollout/turns"] += 1
+
+        def add(segment: Segment, **leaf) -> int:
+            return tree.add_child(parent, segment, origin=rollout.origin, anchor_id=rollout.anchor, **leaf)
+
+        def policy_only(observation_text: str = "") -> Segment:
+            return Segment(policy_ids, logprobs, [1] * len(policy_ids), text, observation_text)
+
+        try:
+            result = rollout.env.step(text)
+        except Exception as err:  # an environment bug must not take the step down; the rollout fails instead
+            self.counters["rollout/env_exceptions"] += 1
+            add(policy_only(f"error: {err!r}"[:500]), reward=0.0, finish_reason="error", tool_error=True)
+            return False
+        self.counters["rollout/tool_errors"] += bool(result.tool_error)
+        if result.done:
+            add(policy_only(), reward=result.reward, finish_reason="answer", tool_error=result.tool_error)
+            return False
+        observation = result.observation
+        if len(observation) > limits.max_observation_chars:
+            observation = observation[: limits.max_observation_chars] + " [observation truncated]"
+            self.counters["rollout/truncated_observations"] += 1
+        closed = completion.finish_reason == "stop"
+        self.counters["rollout/truncated_turns"] += not closed
+        obs_ids = renderer.encode(renderer.observation_text(observation, role=result.info.get("role", "tool"),
+                                                            turn_closed=closed))
+        used = len(rollout.prefix) - tree.root.segment.num_tokens + len(policy_ids) + len(obs_ids)
+        reason = ("max_turns" if tree.nodes[parent].depth + 1 >= limits.max_turns
+                  else "max_tokens" if used >= limits.max_tokens_per_rollout else None)
+        if reason:  # no room for another turn: this one ends the rollout, unanswered
+            self.counters[f"rollout/{reason}"] += 1
+            add(policy_only(), reward=0.0, finish_reason=reason, tool_error=result.tool_error)
+            return False
+        segment = Segment(policy_ids + obs_ids, logprobs + [0.0] * len(obs_ids),
+                          [1] * len(policy_ids) + [0] * len(obs_ids), text, observation)
+        node_id = add(segment, tool_error=result.tool_error)
+        rollout.node_id, rollout.prefix = node_id, rollout.prefix + segment.token_ids
+        self._remember(tree, node_id, rollout.env, len(rollout.prefix))
+        return True
+
+
+def _prompt_id(row: dict[str, Any]) -> str:
+    extra = row.get("extra_info", {})
+    return f"{row.get('data_source', '')}:{extra.get('split', '')}:{extra.get('index', '')}"

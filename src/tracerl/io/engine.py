@@ -1,0 +1,36 @@
+"""Engine protocol: token ids in, token ids + logprobs + finish reason out.
+
+Engines know nothing about text, chat templates or tools (the rollout driver is the only code that
+tokenizes). A branch never re-tokenizes: the tree stores the exact ids and logprobs returned here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 256  # most tokens generated per call (one turn)
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after one of these; it is included in the output
+    seed: int | None = None  # same seed and inputs -> same outputs
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError(f"bad sampling params {self}: need temperature >= 0, 0 < top_p <= 1, max_tokens >= 1")
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # log-probability of each sampled token under the sampling distribution's model
+    finish_reason: str  # "stop" (a stop token was sampled) or "length" (max_tokens reached)
+
+
+class Engine(Protocol):
+    def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
+                 n: int | Sequence[int] = 1) -> list[list[Completion]]:
+        """For each prefix, `n` (or n[i]) sampled continuations. Batched over all prefixes."""

@@ -1,0 +1,250 @@
+"""TransformersEngine on a tiny random Qwen3: KV reuse must not change what is generated.
+
+The reference for every reuse check is the same model without reuse (every sample prefills its whole prefix)
+and a plain forward pass over the full sequence.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tracerl.engines.tiny import tiny_qwen3
+from tracerl.engines.transformers_engine import TransformersEngine, sample_next
+from tracerl.io.engine import SamplingParams
+
+VOCAB = 256
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # OpenMP with 2 threads on these tiny shapes is up to 10x slower on a busy 2-core machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_qwen3(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
+
+
+def forward_logprobs(model, prefix: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
+    """log_softmax(logits / T) of each output token, from one forward pass over prefix + output."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prefix + output])).logits[0].float()  # (T, V)
+    logp = torch.log_softmax(logits / temperature, -1)
+    return [logp[len(prefix) - 1 + i, t].item() for i, t in enumerate(output)]
+
+
+def assert_same(got, want, what: str) -> None:
+    assert got.token_ids == want.token_ids, f"{what}: tokens {got.token_ids} != {want.token_ids}"
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4, err_msg=f"{what}: logprobs differ")
+    assert got.finish_reason == want.finish_reason, what
+
+
+def test_continuation_after_cached_ancestor_equals_full_recomputation(model):
+    reuse, full = TransformersEngine(model), TransformersEngine(model, reuse_kv=False)
+    root = tokens(30, seed=1)
+    turn = reuse.generate([root], GREEDY)[0][0]
+    history = root + turn.token_ids + tokens(6, seed=2)  # the next turn's prefix: output + an observation
+    # cut points inside the prompt, inside the output, right after it, and the whole history (a new turn)
+    for cut in (1, 7, 30, 35, 40, 41, len(history)):
+        prefix = history[:cut]
+        before = dict(reuse.stats)
+        got = reuse.generate([prefix], GREEDY)[0][0]
+        want = full.generate([prefix], GREEDY)[0][0]
+        assert_same(got, want, f"prefix of {cut} tokens")
+        np.testing.assert_allclose(got.logprobs, forward_logprobs(model, prefix, got.token_ids), atol=1e-4,
+                                   err_msg=f"prefix of {cut} tokens: logprobs differ from a forward pass")
+        if cut > 1:
+            assert reuse.stats["prefill_tokens_reused"] > before["prefill_tokens_reused"], f"cut {cut} reused nothing"
+    # the next turn's prefix only prefills the output's last token (never fed) and the observation
+    before = reuse.stats["prefill_tokens_computed"]
+    reuse.generate([history + [3]], GREEDY)
+    assert reuse.stats["prefill_tokens_computed"] - before == 1, "an extension of a cached sequence recomputed it"
+
+
+def test_mixed_length_batch_with_and_without_cache_equals_one_by_one(model):
+    reuse, full = TransformersEngine(model), TransformersEngine(model, reuse_kv=False)
+    base = tokens(25, seed=3)
+    reuse.generate([base[:12]], GREEDY)  # caches an ancestor of some prefixes below
+    prefixes = [base[:1], base[:12] + [7], tokens(40, seed=4), base, tokens(3, seed=5), base[:12]]
+    got = reuse.generate(prefixes, GREEDY, n=[1, 2, 1, 1, 1, 2])
+    for i, p in enumerate(prefixes):
+        want = full.generate([p], GREEDY)[0][0]  # alone: no padding at all
+        for j, c in enumerate(got[i]):
+            assert_same(c, want, f"prefix {i} (length {len(p)}) sample {j}")
+            np.testing.assert_allclose(c.logprobs, forward_logprobs(model, p, c.token_ids), atol=1e-4)
+
+
+def test_sampled_logprobs_are_temperature_scaled_forward_logprobs(model):
+    engine = TransformersEngine(model)
+    prefixes = [tokens(9, seed=6), tokens(20, seed=7)]
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, seed=0)
+    for _ in range(2):  # the second call reuses the first call's keys/values
+        for p, samples in zip(prefixes, engine.generate(prefixes, params, n=2)):
+            for c in samples:
+                want = forward_logprobs(model, p, c.token_ids, temperature=0.7)
+                np.testing.assert_allclose(c.logprobs, want, atol=1e-4, err_msg="not log_softmax(logits / T)")
+
+
+def test_seed_determines_output(model):
+    prefixes = [tokens(8, seed=8), tokens(15, seed=9)]
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
+    engine = TransformersEngine(model)
+    first = engine.generate(prefixes, params, n=2)
+    again = engine.generate(prefixes, params, n=2)  # now with the prefixes cached
+    fresh = TransformersEngine(model, reuse_kv=False).generate(prefixes, params, n=2)
+    other = engine.generate(prefixes, SamplingParams(temperature=1.0, max_tokens=12, seed=8), n=2)
+
+    def ids(res):
+        return [[c.token_ids for c in s] for s in res]
+
+    assert ids(first) == ids(again) == ids(fresh), "same seed and inputs gave different outputs"
+    assert ids(first) != ids(other), "seeds 7 and 8 gave identical samples"
+    assert first[0][0].token_ids != first[0][1].token_ids, "two samples of one prefix are identical at T=1"
+
+
+def test_n_rows_max_tokens_and_length_finish(model):
+    engine = TransformersEngine(model)
+    params = SamplingParams(temperature=1.0, max_tokens=5, seed=0)
+    out = engine.generate([tokens(4, seed=10), tokens(6, seed=11), tokens(2, seed=12)], params, n=[3, 0, 2])
+    assert [len(s) for s in out] == [3, 0, 2]
+    for c in (c for s in out for c in s):
+        assert len(c.token_ids) == len(c.logprobs) == 5 and c.finish_reason == "length"
+    assert engine.generate([], params) == []
+    with pytest.raises(ValueError, match="one count"):
+        engine.generate([tokens(4, seed=10)], params, n=[1, 2])
+
+
+def test_stop_token_ends_sample_and_is_included(model):
+    engine = TransformersEngine(model)
+    prefix = tokens(10, seed=13)
+    free = engine.generate([prefix], SamplingParams(temperature=0.0, max_tokens=10))[0][0]
+    stop = free.token_ids[3]
+    first = free.token_ids.index(stop)
+    got = engine.generate([prefix], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=(stop,)))[0][0]
+    assert got.token_ids == free.token_ids[: first + 1] and got.finish_reason == "stop"
+    # sampled: half the vocabulary stops, so every sample ends early, at its first stop token
+    stops = tuple(range(0, VOCAB, 2))
+    out = engine.generate([prefix, tokens(5, seed=14)], SamplingParams(max_tokens=40, stop_token_ids=stops, seed=1),
+                          n=4)
+    for c in (c for s in out for c in s):
+        assert c.finish_reason == "stop" and c.token_ids[-1] in stops
+        assert not set(c.token_ids[:-1]) & set(stops), f"sample went on after a stop token: {c.token_ids}"
+
+
+def test_stats_count_shared_prefill_and_reuse_off_recomputes(model):
+    prefix = tokens(20, seed=15)
+    on, off = TransformersEngine(model), TransformersEngine(model, reuse_kv=False)
+    on.generate([prefix], GREEDY, n=4)
+    off.generate([prefix], GREEDY, n=4)
+    assert on.stats["prefill_tokens_computed"] == 20 and on.stats["prefill_tokens_reused"] == 60
+    assert off.stats["prefill_tokens_computed"] == 80 and off.stats["prefill_tokens_reused"] == 0
+    off.generate([prefix], GREEDY)
+    assert off.stats["prefill_tokens_computed"] == 100, "reuse_kv=False must not reuse across calls"
+
+
+def test_lru_store_is_bounded_and_evicts_oldest(model):
+    engine = TransformersEngine(model, cache_capacity_tokens=100)
+    prompts = [tokens(30, seed=100 + i) for i in range(6)]
+    for p in prompts:
+        engine.generate([p], GREEDY)
+        assert engine.store.num_tokens <= 100, "store grew past its capacity"
+    assert engine.stats["cache_evictions"] > 0 and engine.stats["cache_tokens"] <= 100
+    before = engine.stats["prefill_tokens_computed"]
+    engine.generate([prompts[-1]], GREEDY)  # most recent: kept
+    assert engine.stats["prefill_tokens_computed"] - before == 1
+    before = engine.stats["prefill_tokens_computed"]
+    engine.generate([prompts[0]], GREEDY)  # oldest: evicted
+    assert engine.stats["prefill_tokens_computed"] - before == 30
+
+
+def test_weight_update_invalidates_cached_keys_values():
+    model = tiny_qwen3(vocab_size=VOCAB, seed=1)
+    engine = TransformersEngine(model)
+    prefix = tokens(16, seed=16)
+    engine.generate([prefix], GREEDY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # in place, as an optimizer step does
+    got = engine.generate([prefix], GREEDY)[0][0]
+    assert engine.stats["cache_invalidations"] == 1
+    assert_same(got, TransformersEngine(model, reuse_kv=False).generate([prefix], GREEDY)[0][0], "after update")
+
+
+def test_chunked_batches_match_one_batch(model):
+    prefixes = [tokens(5 + 3 * i, seed=20 + i) for i in range(4)]
+    one = TransformersEngine(model, max_batch_size=32).generate(prefixes, GREEDY, n=2)
+    chunked = TransformersEngine(model, max_batch_size=3).generate(prefixes, GREEDY, n=2)
+    for i, (a, b) in enumerate(zip(one, chunked)):
+        for x, y in zip(a, b):
+            assert_same(y, x, f"prefix {i} in chunks of 3")
+
+
+def test_bad_inputs_raise_clear_errors(model):
+    engine = TransformersEngine(model)
+    with pytest.raises(ValueError, match="empty.*at least one token"):
+        engine.generate([[1, 2], []], GREEDY)
+    with pytest.raises(ValueError, match="outside"):
+        engine.generate([[1, VOCAB]], GREEDY)
+    with pytest.raises(ValueError, match="positions"):
+        engine.generate([[1] * 4090], SamplingParams(max_tokens=10))
+
+
+def test_sampler_matches_distribution_and_top_p_truncates():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]]).repeat(20_000, 1)  # (B, V)
+    gen = torch.Generator().manual_seed(0)
+    tok, logp = sample_next(logits, SamplingParams(temperature=1.0), gen)
+    freq = np.bincount(tok.numpy(), minlength=5) / len(tok)
+    np.testing.assert_allclose(freq, torch.softmax(logits[0], -1).numpy(), atol=0.015)
+    np.testing.assert_allclose(logp.numpy(), torch.log_softmax(logits[0], -1)[tok].numpy(), atol=1e-6)
+    # softmax ~ [.56, .21, .13, .08, .03]: top_p=0.7 keeps the first two (the mass before the third is .77)
+    tok, _ = sample_next(logits, SamplingParams(temperature=1.0, top_p=0.7), gen)
+    assert set(tok.tolist()) == {0, 1}
+    tok, _ = sample_next(logits, SamplingParams(temperature=1.0, top_p=0.8), gen)
+    assert set(tok.tolist()) == {0, 1, 2}
+    tok, _ = sample_next(logits[:100], SamplingParams(temperature=1.0, top_p=1e-6), gen)
+    assert set(tok.tolist()) == {0}, "top_p near 0 must be greedy"
+
+
+def test_from_pretrained_loads_a_local_directory(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    loaded = TransformersEngine.from_pretrained(str(tmp_path), max_batch_size=4)
+    prefix = tokens(12, seed=30)
+    assert_same(loaded.generate([prefix], GREEDY)[0][0], TransformersEngine(model).generate([prefix], GREEDY)[0][0],
+                "reloaded model")
+
+
+def test_bench_reuse_cuts_prefill_by_the_shared_prefix_fraction():
+    from tracerl.bench.engine import EngineBenchConfig, run, to_markdown
+
+    cfg = EngineBenchConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            num_prompts=2, prompt_tokens=16, num_turns=3, turn_tokens=4, observation_tokens=3,
+                            branch_depths=(1, 2), repeats=1)
+    result = run(cfg)
+    on, off, w = result["modes"]["on"], result["modes"]["off"], result["workload"]
+    assert on["generated_tokens"] == off["generated_tokens"] == w["num_samples"] * 4
+    assert off["prefill_tokens_computed"] == w["prefix_tokens"], "reuse off must prefill every prefix token"
+    assert 0.5 < w["shared_prefix_frac"] < 1
+    assert result["prefill_cut_frac"] >= w["shared_prefix_frac"] - 1e-12, to_markdown(result)
+    assert "meets the shared-prefix bound" in to_markdown(result)
+
+
+def test_shared_prefix_tokens_by_hand():
+    from types import SimpleNamespace as C
+
+    from tracerl.bench.engine import shared_prefix_tokens
+
+    calls = [([[1, 2, 3]], [2], [[C(token_ids=[4, 5]), C(token_ids=[6, 7])]]),  # 3 + 3 prefix tokens, 3 shared
+             ([[1, 2, 3, 4, 5, 9], [1, 2, 8]], [1, 1], [[C(token_ids=[0])], [C(token_ids=[0])]])]
+    # [1,2,3,4,5,9]: fed before [1,2,3,4] (5 was sampled, never fed) -> 4 shared; [1,2,8]: 2 shared
+    assert shared_prefix_tokens(calls) == (3 + 3 + 6 + 3, 3 + 4 + 2)
