@@ -28,18 +28,18 @@ PROPS = settings(max_examples=120, deadline=None)
 # ---------- reference implementations (loops, no cleverness) ----------
 
 def brute_roots(p, budget, m_min, m_max, cost, value) -> float:
-    """Best sum_i V(p_i, m_i) over every assignment that fits the budget."""
-    options = []
+    """Best sum_i V(p_i, m_i) over every assignment that fits the budget (all of them, enumerated
+    prompt by prompt; partial assignments that already overspend are dropped as they can only grow)."""
+    spent, total = np.zeros(1), np.zeros(1)
     for i in range(len(p)):
         top = math.floor(budget / cost[i] + 1e-12)
         top = top if m_max is None else min(top, m_max)
-        options.append([0] + list(range(m_min, top + 1)))
-    best = 0.0
-    for combo in itertools.product(*options):
-        m = np.array(combo)
-        if np.sum(m * cost) <= budget:
-            best = max(best, float(root_value(p, m, value).sum()))
-    return best
+        m = np.array([0] + list(range(m_min, top + 1)))
+        v = np.array([float(root_value(p[i], k, value)) for k in m])
+        spent, total = (spent[:, None] + m * cost[i]).ravel(), (total[:, None] + v).ravel()
+        fits = spent <= budget
+        spent, total = spent[fits], total[fits]
+    return float(total.max())
 
 
 def brute_prefixes(p, outcome, budget, cost, k_max) -> float:

@@ -10,12 +10,12 @@ pytest.importorskip("transformers")
 from tracerl.core.allocation import BudgetLedger  # noqa: E402
 from tracerl.core.growth import grow_trees  # noqa: E402
 from tracerl.core.methods import AllocationConfig, get_method  # noqa: E402
-from tracerl.io.chat import ChatRenderer  # noqa: E402
 from tracerl.io.domains.funcall import FuncallDomain, FuncallEnv  # noqa: E402
 from tracerl.io.domains.multihop import MultiHopDomain  # noqa: E402
 from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
 from tracerl.io.scripted_engine import ScriptedEngine  # noqa: E402
-from tracerl.io.tokenizer import train_tokenizer  # noqa: E402
+
+from helpers import expert_engine, make_renderer  # noqa: E402
 
 DOMAIN = MultiHopDomain(num_entities=80, num_distractors=20, seed=0)
 ROWS = DOMAIN.rows("test", 24, seed=0)
@@ -26,43 +26,31 @@ FUNCALL_ROWS = [r for r in FUNCALL.rows("test", 40, seed=0) if len(r["reward_mod
 @pytest.fixture(scope="module")
 def renderer():
     texts = [d["title"] + " " + d["text"] for d in DOMAIN.kb.documents] + [r["prompt"][-1]["content"] for r in ROWS]
-    texts += [r["prompt"][-1]["content"] for r in FUNCALL_ROWS]
-    texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> <answer>x</answer>'] * 20
-    return ChatRenderer(train_tokenizer(texts, vocab_size=1200))
+    return make_renderer(texts + [r["prompt"][-1]["content"] for r in FUNCALL_ROWS])
 
 
-def read_turns(renderer, prefix):
-    """(question, [(action, observation), ...]) from a prefix's text: the inverse of the chat template."""
-    text = renderer.decode(prefix)
-    question = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
-    turns = []
-    for part in text.split("<|im_start|>assistant\n")[1:-1]:
-        action = part.split("<|im_end|>", 1)[0]
-        observation = part.split("<tool_response>\n", 1)[-1].rsplit("\n</tool_response>", 1)[0]
-        turns.append((action, observation))
-    return question, turns
+def bfcl_domain_and_rows():
+    pytest.importorskip("bfcl_eval", reason='BFCL needs: pip install --no-deps "bfcl-eval==2026.3.23"')
+    from tracerl.io.domains.bfcl import BfclDomain
+    domain = BfclDomain()
+    return domain, domain.rows("test", 12, seed=0)
 
 
-def expert_engine(renderer, rows, noise=0.0, domain=DOMAIN):
-    by_question = {r["prompt"][-1]["content"]: r for r in rows}
-
-    def script(prefix, sample_index, rng):
-        question, turns = read_turns(renderer, prefix)
-        if rng.random() < noise:
-            text = "<answer>nobody</answer>"
-        else:
-            text = domain.expert_turn(by_question[question], turns, np.random.default_rng(0))
-        return renderer.encode(text) + [renderer.stop_token_ids[0]]
-    return ScriptedEngine(script)
+DOMAINS = {"multihop": lambda: (DOMAIN, ROWS), "funcall": lambda: (FUNCALL, FUNCALL.rows("test", 24, seed=0)),
+           "bfcl": bfcl_domain_and_rows}
 
 
-def test_expert_solves_the_test_split_through_the_driver(renderer):
-    driver = ReActDriver(expert_engine(renderer, ROWS), renderer, DOMAIN, limits=DriverLimits(max_turns=8))
-    driver.set_rows(ROWS)
-    trees, num_tokens = driver.run_roots(list(range(len(ROWS))), [2] * len(ROWS))
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_expert_solves_the_test_split_through_the_driver(renderer, name):
+    domain, rows = DOMAINS[name]()
+    driver = ReActDriver(expert_engine(renderer, rows, domain=domain), renderer, domain,
+                         limits=DriverLimits(max_turns=24, max_tokens_per_turn=512, max_tokens_per_rollout=60_000,
+                                             max_observation_chars=100_000))
+    driver.set_rows(rows)
+    trees, num_tokens = driver.run_roots(list(range(len(rows))), [2] * len(rows))
     rewards = np.concatenate([t.rewards() for t in trees])
-    assert len(rewards) == 2 * len(ROWS) and num_tokens > 0
-    assert rewards.mean() >= 0.95, driver.counters
+    assert len(rewards) == 2 * len(rows) and num_tokens > 0
+    assert rewards.mean() >= 0.95, (name, dict(driver.counters))
     for tree in trees:
         for leaf in tree.leaves():
             segment = tree.nodes[leaf].segment
@@ -74,7 +62,7 @@ def test_expert_solves_the_test_split_through_the_driver(renderer):
 
 def continue_from_first_turn(renderer):
     """Expert rollouts on multi-call tasks, then expert continuations from each tree's first-turn node."""
-    engine = expert_engine(renderer, FUNCALL_ROWS, domain=FUNCALL)
+    engine = expert_engine(renderer, FUNCALL_ROWS, FUNCALL)
     driver = ReActDriver(engine, renderer, FUNCALL, limits=DriverLimits(max_turns=8))
     driver.set_rows(FUNCALL_ROWS)
     trees, _ = driver.run_roots(list(range(len(FUNCALL_ROWS))), [1] * len(FUNCALL_ROWS))
@@ -104,7 +92,7 @@ def test_the_state_check_fails_when_the_environment_is_not_restored(renderer, mo
 
 
 def test_a_whole_trace_step_runs_on_the_driver(renderer):
-    driver = ReActDriver(expert_engine(renderer, ROWS, noise=0.4), renderer, DOMAIN)
+    driver = ReActDriver(expert_engine(renderer, ROWS, DOMAIN, noise=0.4), renderer, DOMAIN)
     pool = driver.set_rows(ROWS[:16])
     config = AllocationConfig(num_prompts=4, rollouts_per_prompt=4, pool_factor=4)
     ledger = BudgetLedger(config.budget, continuation_cost=config.continuation_cost)
@@ -126,6 +114,7 @@ def test_random_model_output_never_raises(renderer, seed, length):
                          limits=DriverLimits(max_turns=4, max_tokens_per_turn=48, max_tokens_per_rollout=400))
     driver.set_rows(ROWS[:3])
     trees, _ = driver.run_roots([0, 1, 2], [2, 2, 2])
+    assert sum(t.rewards().sum() for t in trees) <= 1, "random tokens should (almost) never answer correctly"
     for tree in trees:
         assert len(tree.leaves()) == 2
         assert all(tree.nodes[i].finish_reason in ("answer", "max_turns", "max_tokens", "error") for i in tree.leaves())

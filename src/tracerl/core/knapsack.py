@@ -30,6 +30,7 @@ ValueFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 MAX_MATRIX_ENTRIES = 50_000_000  # lagrangian: V matrix entries over all prompts and columns
 MAX_DP_CELLS = 200_000_000  # exact: option x budget cells the DP may visit
 MAX_DP_TABLE = 20_000_000  # exact: (N + 1) x (B + 1) floats kept for the backtrack
+BATCH_MOVES = 32  # repair: vectorised rounds while a round moves at least this many prompts, then a heap
 
 
 def solve_exact(p: np.ndarray, budget: int, m_min: int, m_max: int | None, cost: np.ndarray,
@@ -206,7 +207,7 @@ def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None
     loc[rows] = np.arange(rows.size)
     while True:
         lam = _threshold([s for b in blocks for s in b.segments()], fit)
-        for bi, blk in enumerate(blocks):
+        for blk in blocks:
             counts[blk.rows[blk.live]] = blk.choose(lam)[blk.live]
         if m_max is not None:
             break
@@ -241,7 +242,7 @@ def _check_size(entries: int, m_max: int | None) -> None:
 
 def _per_block(method: str, blocks, owner, loc, idx, m) -> np.ndarray:
     """Call a _Block method for prompts `idx` (global ids), each in the block that owns it."""
-    out = np.zeros(idx.size, dtype=np.result_type(float if method == "value" else np.int64))
+    out = np.zeros(idx.size, dtype=float if method == "value" else np.int64)
     for bi, blk in enumerate(blocks):
         sel = np.flatnonzero(owner[idx] == bi)
         if sel.size:
@@ -254,9 +255,10 @@ def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
     m -> m' up to its next hull vertex (entering at m' >= m_min): for a chain that is m -> m + 1, or the
     entry block for a prompt not yet in. Vectorised rounds (every prompt proposes one move, the best are
     taken while they fit) while many prompts move at once, then one move at a time from a heap."""
+    moves = lambda idx: _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)  # noqa: E731
     while True:
         idx = np.flatnonzero((np.where(counts == 0, m_min, counts + 1) <= m_top) & (cost <= left))
-        ratio, target = _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)
+        ratio, target = moves(idx)
         pos = ratio > 0
         if not pos.any():
             return
@@ -266,27 +268,23 @@ def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
         take = order[: int(np.searchsorted(spent, left, side="right"))]
         counts[idx[take]] = target[take]
         left -= float(spent[take.size - 1])
-        if take.size < 32:
+        if take.size < BATCH_MOVES:
             break
-    heap = []  # (-ratio, prompt, target): one live proposal per prompt
-    for i in np.flatnonzero(cost <= left).tolist():
-        _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top)
+    heap = [(-r, i, t) for r, i, t in zip(ratio.tolist(), idx.tolist(), target.tolist())]  # one proposal per prompt
     heapq.heapify(heap)
-    while heap:
+    cheapest = float(cost.min())
+    while heap and left >= cheapest:
         _, i, m1 = heapq.heappop(heap)
-        move_cost = (m1 - counts[i]) * cost[i]
-        if move_cost <= left:
+        if m1 <= counts[i]:
+            pass  # taken in the last round: propose its next move
+        elif (m1 - counts[i]) * cost[i] <= left:
+            left -= (m1 - counts[i]) * cost[i]
             counts[i] = m1
-            left -= move_cost
-        _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top, push=True)
-
-
-def _push_move(heap, i, blocks, owner, loc, counts, left, cost, m_min, m_top, push=False) -> None:
-    one = np.array([i])
-    ratio, target = _best_moves(blocks, owner, loc, one, counts, left, cost, m_min, m_top)
-    if ratio.size and ratio[0] > 0:
-        entry = (-float(ratio[0]), i, int(target[0]))
-        heapq.heappush(heap, entry) if push else heap.append(entry)
+        elif (m_min if counts[i] == 0 else 1) * cost[i] > left:
+            continue  # nothing this prompt could do fits any more: what is left only shrinks
+        ratio, target = moves(np.array([i]))
+        if ratio[0] > 0:
+            heapq.heappush(heap, (-float(ratio[0]), i, int(target[0])))
 
 
 def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tuple[np.ndarray, np.ndarray]:
@@ -298,16 +296,17 @@ def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tu
     reach = np.where((reach - m0) * c <= left, reach, reach - 1)  # the floor above may round up by one
     best, target = np.full(idx.size, -np.inf), m0.copy()
     ok = np.flatnonzero(reach >= lo)
-    if ok.size == 0:
-        return best, target
-    width = int((reach[ok] - lo[ok]).max()) + 1
-    m1 = np.minimum(lo[ok, None] + np.arange(width), reach[ok, None])  # (k, width) candidate targets
-    rows = np.repeat(idx[ok], width)
-    gain = _per_block("value", blocks, owner, loc, rows, m1.ravel()).reshape(m1.shape) - \
-        _per_block("value", blocks, owner, loc, idx[ok], m0[ok])[:, None]
-    ratio = gain / ((m1 - m0[ok, None]) * c[ok, None])
-    j = np.argmax(ratio, axis=1)  # first max: the smallest target wins ties
-    best[ok], target[ok] = ratio[np.arange(ok.size), j], m1[np.arange(ok.size), j]
+    ok = ok[np.argsort(reach[ok] - lo[ok], kind="stable")]  # narrow scans first, in chunks of similar width
+    widths = reach[ok] - lo[ok] + 1
+    while ok.size:  # at most 2^22 candidate targets per chunk
+        k = max(1, int(np.searchsorted((np.arange(ok.size) + 1) * widths, 1 << 22, side="right")))
+        now, width, ok, widths = ok[:k], int(widths[k - 1]), ok[k:], widths[k:]
+        m1 = np.minimum(lo[now, None] + np.arange(width), reach[now, None])  # (k, width) candidate targets
+        gain = _per_block("value", blocks, owner, loc, np.repeat(idx[now], width), m1.ravel()).reshape(m1.shape) \
+            - _per_block("value", blocks, owner, loc, idx[now], m0[now])[:, None]
+        ratio = gain / ((m1 - m0[now, None]) * c[now, None])
+        j = np.argmax(ratio, axis=1)  # first max: the smallest target wins ties
+        best[now], target[now] = ratio[np.arange(now.size), j], m1[np.arange(now.size), j]
     return best, target
 
 
@@ -321,6 +320,7 @@ def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: fl
     parts = [(s, w) for s, w in segments if s.size]
     base = 0.0  # cost of the slopes known to be > lambda*
     rng = np.random.default_rng(0)  # pivots only; the answer does not depend on them
+    tiny = np.nextafter(0.0, 1.0)  # slopes <= 0 are never taken
     while (total := sum(s.size for s, _ in parts)) > 4096:
         picks = [rng.integers(0, s.size, max(1, 16384 * s.size // total)) for s, _ in parts]
         sample = np.concatenate([s[i] for (s, _), i in zip(parts, picks)])
@@ -328,7 +328,6 @@ def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: fl
         order = np.argsort(-sample)
         est = base + np.cumsum(sample_w[order]) * (total / sample.size)
         at = int(np.searchsorted(est, budget, side="right"))
-        tiny = np.nextafter(0.0, 1.0)  # slopes <= 0 are never taken
         hi = max(float(sample[order[max(at - 256, 0)]]), tiny)
         lo = max(float(sample[order[min(at + 256, sample.size - 1)]]), tiny)
         w_hi, ge_hi = _weight_at_least(parts, hi)

@@ -86,6 +86,17 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 
 
+def adam_step(param: np.ndarray, m: np.ndarray, v: np.ndarray, grad: np.ndarray, lr: float, t: int,
+              beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+    """One Adam step (Kingma & Ba 2015), in place on `param`, `m`, `v`; `t` >= 1 counts steps for bias correction.
+
+    m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  param -= lr * m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps).
+    """
+    m[...] = beta1 * m + (1 - beta1) * grad
+    v[...] = beta2 * v + (1 - beta2) * grad * grad
+    param -= lr * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps)
+
+
 class HashedLogisticPredictor(Predictor):
     """p = sigmoid(w . x(h)), x = HashedFeatures; weighted BCE + L2 on the text weights, Adam, FIFO replay.
 
@@ -228,7 +239,7 @@ class HashedLogisticPredictor(Predictor):
             x, targets, weights, is_root = x.take(rows), targets[rows], weights[rows], is_root[rows]
         self.replay_x, self.replay_targets, self.replay_weights, self.replay_is_root = x, targets, weights, is_root
 
-    def _step(self, idx: np.ndarray, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+    def _step(self, idx: np.ndarray, lr: float) -> None:
         """One Adam step on the mini-batch `idx` of the replay window.
 
         grad = X_b^T (s * (p - t)) / sum(s) + l2 * w (text columns only), with s the sample weights.
@@ -241,11 +252,7 @@ class HashedLogisticPredictor(Predictor):
         p = _sigmoid(x.dot(self.weights))
         grad = x.rdot(s * (p - self.replay_targets[idx]) / total) + self.l2 * self.l2_mask * self.weights
         self.num_steps += 1
-        self.adam_m = beta1 * self.adam_m + (1 - beta1) * grad
-        self.adam_v = beta2 * self.adam_v + (1 - beta2) * grad * grad
-        m_hat = self.adam_m / (1 - beta1 ** self.num_steps)
-        v_hat = self.adam_v / (1 - beta2 ** self.num_steps)
-        self.weights -= lr * m_hat / (np.sqrt(v_hat) + eps)
+        adam_step(self.weights, self.adam_m, self.adam_v, grad, lr, self.num_steps)
 
 
 class ConstantPredictor(Predictor):
@@ -337,3 +344,7 @@ def make_predictor(name: str, **kwargs: Any) -> Predictor:
     if name not in PREDICTORS:
         raise ValueError(f"unknown predictor {name!r}; known predictors: {', '.join(sorted(PREDICTORS))}")
     return PREDICTORS[name](**kwargs)
+
+
+# last, after PREDICTORS exists: the module registers "hashed_mlp" (a subclass of HashedLogisticPredictor)
+import tracerl.core.predictor_mlp  # noqa: E402,F401

@@ -1,0 +1,40 @@
+"""Shared test glue: a scripted engine that plays a domain's expert through the chat template."""
+
+import numpy as np
+
+from tracerl.io.chat import ChatRenderer
+from tracerl.io.scripted_engine import ScriptedEngine
+from tracerl.io.tokenizer import train_tokenizer
+
+
+def make_renderer(texts, vocab_size=1200):
+    texts = list(texts) + ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> <answer>x</answer>'] * 20
+    return ChatRenderer(train_tokenizer(texts, vocab_size=vocab_size))
+
+
+def read_turns(renderer, prefix):
+    """(question, [(action, observation), ...]) from a prefix's text: the inverse of the chat template."""
+    text = renderer.decode(prefix)
+    question = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    turns = []
+    for part in text.split("<|im_start|>assistant\n")[1:-1]:
+        action, rest = part.split("<|im_end|>", 1)
+        if "<tool_response>\n" in rest:
+            observation = rest.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
+        else:  # the environment spoke as the user (BFCL's next user turn)
+            observation = rest.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
+        turns.append((action, observation))
+    return question, turns
+
+
+def expert_engine(renderer, rows, domain, noise=0.0, wrong="<answer>nobody</answer>"):
+    by_question = {r["prompt"][-1]["content"]: r for r in rows}
+
+    def script(prefix, sample_index, rng):
+        question, turns = read_turns(renderer, prefix)
+        if rng.random() < noise:
+            text = wrong(rng) if callable(wrong) else wrong
+        else:
+            text = domain.expert_turn(by_question[question], turns, np.random.default_rng(0))
+        return renderer.encode(text) + [renderer.stop_token_ids[0]]
+    return ScriptedEngine(script)
