@@ -29,8 +29,9 @@ def _bench_alloc(args: argparse.Namespace) -> int:
         print(f"  {name:<24} done in {seconds:.1f}s", file=sys.stderr, flush=True)
 
     print(f"bench alloc: {len(cfg.methods)} methods x {cfg.num_steps} steps, budget "
-          f"{cfg.allocation.budget:.0f} units/step, seed {cfg.seed}", file=sys.stderr, flush=True)
-    result = alloc.run(cfg, progress=progress)
+          f"{cfg.allocation.budget:.0f} units/step, seed(s) {args.seeds or cfg.seed}", file=sys.stderr, flush=True)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    result = alloc.run_seeds(cfg, seeds, progress) if seeds else alloc.run(cfg, progress=progress)
     print(json.dumps(_finite(result)) if args.json else alloc.to_markdown(result))
     return 0
 
@@ -45,6 +46,18 @@ def _bench_engine(args: argparse.Namespace) -> int:
     print("bench engine: tree workload on a tiny Qwen3, KV reuse on vs off ...", file=sys.stderr, flush=True)
     result = engine.run(cfg)
     print(json.dumps(_finite(result)) if args.json else engine.to_markdown(result))
+    return 0
+
+
+def _bench_pack(args: argparse.Namespace) -> int:
+    try:
+        from tracerl.bench import pack
+    except ImportError as err:
+        raise SystemExit(f"tracerl bench pack needs torch and transformers: pip install -e '.[torch]' ({err})")
+
+    print("bench pack: one training step per rollout vs packed trees (tiny model) ...", file=sys.stderr, flush=True)
+    result = pack.run(pack.PackBenchConfig())
+    print(json.dumps(_finite(result)) if args.json else pack.to_markdown(result))
     return 0
 
 
@@ -80,12 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="steps before measures are pooled (default 10)")
     p.add_argument("--num-prompts", type=int, help="prompts per step of the uniform methods (budget = this x 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated seeds: report each measure's mean and std over them")
     p.set_defaults(func=_bench_alloc)
 
     p = bench.add_parser("engine", help="continuations with KV-cache reuse vs full re-encoding (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--repeats", type=int, help="timed runs per mode; the fastest counts (default 2)")
     p.set_defaults(func=_bench_engine)
+
+    p = bench.add_parser("pack", help="policy-loss forward+backward per rollout vs packed trees (tiny model)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
+    p.set_defaults(func=_bench_pack)
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)

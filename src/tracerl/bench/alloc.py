@@ -138,26 +138,53 @@ def run(cfg: AllocBenchConfig, progress=None) -> dict:
             "config": config}
 
 
+def run_seeds(cfg: AllocBenchConfig, seeds: list[int], progress=None) -> dict:
+    """`run` for each seed; each measure becomes its mean over seeds, with `<measure>_std` beside it."""
+    runs = [run(replace(cfg, seed=seed), progress) for seed in seeds]
+    methods = {}
+    for name in cfg.methods:
+        rows = [r["methods"][name] for r in runs]
+        merged = {}
+        for key, value in rows[0].items():
+            values = [row[key] for row in rows]
+            if value is None or not isinstance(value, (int, float)):
+                merged[key] = value
+                continue
+            merged[key] = float(np.mean(values))
+            merged[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        methods[name] = merged
+    return {"methods": methods, "seeds": list(seeds), "per_seed": [r["methods"] for r in runs],
+            "stage1_scale": runs[0]["stage1_scale"], "config": runs[0]["config"]}
+
+
 COLUMNS = ("mixed_trees_per_budget", "effective_ratio", "mixed_anchors_per_budget", "nonzero_adv_token_frac",
            "units_per_step", "tokens_per_step", "prompts_per_step", "predictor_brier", "predictor_ece",
            "predictor_auc", "alloc_ms_per_step")
 
 
 def to_markdown(result: dict) -> str:
-    def fmt(v):
+    def fmt(v, std=None):
         if v is None:
             return "-"
-        return f"{v:.4f}" if isinstance(v, float) and abs(v) < 10 else f"{v:.1f}" if isinstance(v, float) else str(v)
+        text = f"{v:.4f}" if isinstance(v, float) and abs(v) < 10 else f"{v:.1f}" if isinstance(v, float) else str(v)
+        return text if not std else text + (f" ± {std:.4f}" if abs(v) < 10 else f" ± {std:.1f}")
     base = result["methods"].get("grpo", {}).get("mixed_trees_per_budget")
     header = "| method | " + " | ".join(COLUMNS) + (" | vs grpo |" if base else " |")
     lines = [header, "|" + "---|" * (len(COLUMNS) + 1 + bool(base))]
     for name, row in result["methods"].items():
-        cells = [fmt(row.get(c)) for c in COLUMNS]
+        cells = [fmt(row.get(c), row.get(f"{c}_std")) for c in COLUMNS]
         if base:
             cells.append(f"{row['mixed_trees_per_budget'] / base:.2f}x")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     s1 = result["stage1_scale"]
     lines.append("")
+    if "seeds" in result:
+        lines.append(f"mean ± std over seeds {result['seeds']}")
+    if "trace" in result["methods"] and "trace-oracle" in result["methods"]:
+        ratio = [r["trace"]["mixed_trees_per_budget"] / r["trace-oracle"]["mixed_trees_per_budget"]
+                 for r in result.get("per_seed", [result["methods"]])]
+        lines.append(f"trace / trace-oracle mixed_trees_per_budget: {np.mean(ratio):.3f}"
+                     + (f" (per seed: {', '.join(f'{x:.3f}' for x in ratio)})" if len(ratio) > 1 else ""))
     lines.append(f"stage 1 at scale: {s1['num_prompts']:,} prompts, budget {s1['budget']:,.0f}: "
                  f"{1e3 * s1['seconds']:.0f} ms ({s1['solver']}), relative gap to the dual bound {s1['rel_gap']:.2e}, "
                  f"{s1['prompts_selected']:,} prompts selected")

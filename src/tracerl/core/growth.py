@@ -122,15 +122,15 @@ def _expand(method, config, result, predict, runner, ledger, rng) -> None:
         p_all = np.asarray(predict(histories), dtype=float) if (policy.needs_p and histories) else np.full(len(histories), 0.5)
         t2 = time.perf_counter()
         offsets = np.cumsum([0] + [len(ids) for ids, _ in cands])
+        outcome_all = np.concatenate([outcome for _, outcome in cands])
         grants = np.zeros(len(histories), dtype=np.int64)
-        groups = [(i, slice(offsets[i], offsets[i + 1])) for i in range(len(trees))] \
-            if config.stage2_mode == "per_prompt" else [(0, slice(0, len(histories)))]
-        for g, sl in groups:
+        groups = [slice(offsets[i], offsets[i + 1]) for i in range(len(trees))] \
+            if config.stage2_mode == "per_prompt" else [slice(0, len(histories))]
+        for g, sl in enumerate(groups):
             this_round = math.ceil(left[g] / rounds_left)
             if this_round <= 0 or sl.stop == sl.start:
                 continue
-            outcome = np.concatenate([c[1] for c in cands])[sl] if config.stage2_mode == "global" else cands[g][1]
-            grants[sl] = policy(p_all[sl], outcome, this_round * unit, config, rng)
+            grants[sl] = policy(p_all[sl], outcome_all[sl], this_round * unit, config, rng)
             left[g] -= int(math.ceil(grants[sl].sum() / granule))
         result.seconds["predict"] += t2 - t1
         result.seconds["allocate"] += (t1 - t0) + (time.perf_counter() - t2)

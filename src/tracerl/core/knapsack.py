@@ -5,23 +5,27 @@ Two solvers, both deterministic (ties give the budget to the lower prompt index 
 - `solve_exact`: dynamic programming over the integer budget, O(N * B * #m). Among optimal plans it
   returns the cheapest one, and among those the one that gives each prompt in index order the most.
 - `solve_lagrangian`: for scale. Relaxing the budget with a multiplier lambda splits the problem into
-  one tiny problem per prompt, argmax_m V_i(m) - lambda c_i m, whose answer always lies on the upper
-  concave hull of the points (0, 0), (m, V_i(m)). So instead of re-evaluating an (N, M) matrix at every
-  bisection step we build each prompt's hull once (segments of slope "value per budget unit") and run
-  the bisection on the flat list of segment slopes, a weighted quickselect that drops settled segments
-  as the bracket shrinks. The result is the lambda* the bisection converges to, computed exactly:
-  the plan takes every segment steeper than lambda*, which is the feasible side. A greedy repair then
-  spends what is left, and the dual value at lambda* is the upper bound.
+  one tiny problem per prompt, argmax_m V_i(m) - lambda c_i m (ties -> smallest m), whose answer always
+  lies on the upper concave hull of the points (0, 0), (m, V_i(m)). So instead of re-evaluating an (N, M)
+  matrix at every bisection step, each prompt's hull is built once (segments of slope "value per budget
+  unit") and the bisection runs on the flat list of segment slopes: a weighted quickselect that drops
+  settled segments as the bracket shrinks, and returns exactly the lambda* a bisection converges to. The
+  plan takes every segment steeper than lambda* (the feasible side); a greedy repair spends the rest; the
+  dual value at lambda* is the upper bound. With m_max=None the columns start at about twice the mean
+  grant and double for prompts whose hull still climbs at the cap, so the bound is proven whenever V's
+  increments are eventually non-increasing (all registered values); with m_max set it always is.
 
-The values V come from a registered function (see `allocation.ROOT_VALUES`); this module never knows
-which. It does not validate user input: `allocation.solve_roots` does that before calling in.
+Arrays are m-major, (K, n), so each step along m is one contiguous vector operation; with many prompts the
+per-column loops avoid (K, n) temporaries. The values come from a registered function (see
+`allocation.ROOT_VALUES`); this module never knows which, and it does not validate user input:
+`allocation.solve_roots` does that before calling in.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -98,12 +102,17 @@ class _Block:
         self.u = u
         k, n = u.shape
         self.live = np.ones(n, dtype=bool)  # False once the prompt moved to a wider block
-        entry, first = u[0] / ms[0], np.zeros(n, dtype=np.int64)  # steepest segment from the origin, first on ties
-        for j in range(1, k):
-            ratio = u[j] / ms[j]
-            steeper = ratio > entry
-            first[steeper] = j
-            np.maximum(entry, ratio, out=entry)
+        by_column = n >= 256  # many prompts: loop over columns (no (K, n) temporaries); few: whole-array ops
+        if by_column:  # the steepest segment from the origin, first on ties
+            entry, first = u[0] / ms[0], np.zeros(n, dtype=np.int64)
+            for j in range(1, k):
+                ratio = u[j] / ms[j]
+                first[ratio > entry] = j
+                np.maximum(entry, ratio, out=entry)
+        else:
+            ratio = u / ms[:, None]
+            first = np.argmax(ratio, axis=0)
+            entry = ratio[first, np.arange(n)]
         inc = np.empty_like(u)  # inc[j]: slope of ms[j-1] -> ms[j]; +inf while inside the entry segment
         inc[0] = np.inf
         np.subtract(u[1:], u[:-1], out=inc[1:])
@@ -114,10 +123,15 @@ class _Block:
         flat, at = inc.reshape(-1), (first[after] + 1) * n + after  # first chain step is no steeper than the entry
         flat[at] = np.minimum(flat[at], entry[after])
         tol = 1e-12 * (1.0 + np.abs(entry) * m_cap + np.abs(u[-1]))
-        rising = np.zeros(n, dtype=bool)
-        for j in range(2, k):  # a chain must not rise; float noise below tol is flattened
-            rising |= inc[j] > inc[j - 1] + tol
-            np.minimum(inc[j], inc[j - 1], out=inc[j])
+        if by_column:  # a chain must not rise; float noise below tol is flattened
+            rising = np.zeros(n, dtype=bool)
+            for j in range(2, k):
+                rising |= inc[j] > inc[j - 1] + tol
+                np.minimum(inc[j], inc[j - 1], out=inc[j])
+        else:
+            flat_inc = np.minimum.accumulate(inc, axis=0)
+            rising = (inc[2:] > flat_inc[1:-1] + tol).any(axis=0)
+            inc = flat_inc
         inc[0] = -np.inf
         for j, mask in inside:
             inc[j, mask] = -np.inf
@@ -128,10 +142,9 @@ class _Block:
         self.hull_s, self.hull_m = _upper_hull(u[:, self.hull_loc].T, ms)
 
     def segments(self) -> list[tuple[np.ndarray, np.ndarray | float]]:
-        """(slopes, costs) of every segment; a cost may be one float shared by all slopes."""
+        """(slopes, costs) of every segment; costs broadcast against slopes (one float, or one per prompt)."""
         c = self.c
-        inc_w = float(c[0]) if self.unit_cost else np.tile(c, self.ms.size)
-        segs = [(self.entry, self.ms[self.first] * c), (self.inc.ravel(), inc_w)]
+        segs = [(self.entry, self.ms[self.first] * c), (self.inc, float(c[0]) if self.unit_cost else c)]
         if self.hull_loc.size:
             prev = np.concatenate([np.zeros((self.hull_m.shape[0], 1)), self.hull_m[:, :-1]], axis=1)
             segs.append((self.hull_s.ravel(), ((self.hull_m - prev) * c[self.hull_loc, None]).ravel()))
@@ -155,9 +168,12 @@ class _Block:
 
     def dual_terms(self, lam: float) -> float:
         """sum over live prompts of max(0, max_m V(m) - lam c m)."""
-        best = np.zeros(self.c.size)
-        for j, m in enumerate(self.ms):
-            np.maximum(best, self.u[j] - lam * m, out=best)
+        if self.c.size >= 256:
+            best = np.zeros(self.c.size)
+            for j, m in enumerate(self.ms):
+                np.maximum(best, self.u[j] - lam * m, out=best)
+        else:
+            best = np.maximum((self.u - lam * self.ms[:, None]).max(axis=0), 0.0)
         return float((best * self.c)[self.live].sum())
 
     def value(self, loc: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -195,8 +211,8 @@ def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None
     counts = np.zeros(n, dtype=np.int64)
     if rows.size == 0:
         return counts, 0.0, 0.0
-    if m_max is None:  # start narrow; prompts whose choice sits at the cap get a block twice as wide
-        m_cap = min(int(cap.max()), m_min + 2 * int(np.ceil(budget / cost.sum())))
+    if m_max is None:  # start narrow; prompts whose hull still climbs at the cap get a block twice as wide
+        m_cap = min(int(cap.max()), m_min + min(64, 2 * int(np.ceil(budget / cost.sum()))))
     else:
         m_cap = int(cap.max())
     _check_size(rows.size * (m_cap - m_min + 1), m_max)
@@ -213,7 +229,9 @@ def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None
             break
         grown = False
         for blk in list(blocks):  # a prompt whose hull still climbs at the cap might want more than the cap
-            at_cap = np.flatnonzero(blk.live & (blk.last_slope() >= lam) & (hard[blk.rows] > blk.m_cap))
+            last = blk.last_slope()
+            climbs = (last > lam) | ((last == lam) & (lam > 0))
+            at_cap = np.flatnonzero(blk.live & climbs & (hard[blk.rows] > blk.m_cap))
             if at_cap.size:
                 ext = blk.rows[at_cap]
                 wider = min(2 * blk.m_cap, int(hard[ext].max()))
@@ -224,7 +242,7 @@ def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None
                 grown = True
         if not grown:
             break
-    upper = sum(b.dual_terms(lam) for b in blocks) + lam * budget
+    upper = sum(b.dual_terms(lam) for b in blocks) + lam * (fit if integral else budget)  # dual value at lam
     m_top = np.zeros(n, dtype=np.int64)
     for blk in blocks:
         m_top[blk.rows[blk.live]] = blk.m_cap
@@ -243,10 +261,10 @@ def _check_size(entries: int, m_max: int | None) -> None:
 def _per_block(method: str, blocks, owner, loc, idx, m) -> np.ndarray:
     """Call a _Block method for prompts `idx` (global ids), each in the block that owns it."""
     out = np.zeros(idx.size, dtype=float if method == "value" else np.int64)
-    for bi, blk in enumerate(blocks):
-        sel = np.flatnonzero(owner[idx] == bi)
-        if sel.size:
-            out[sel] = getattr(blk, method)(loc[idx[sel]], m[sel])
+    whose = owner[idx]
+    for bi in np.unique(whose[whose >= 0]).tolist():
+        sel = np.flatnonzero(whose == bi)
+        out[sel] = getattr(blocks[bi], method)(loc[idx[sel]], m[sel])
     return out
 
 
@@ -255,7 +273,9 @@ def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
     m -> m' up to its next hull vertex (entering at m' >= m_min): for a chain that is m -> m + 1, or the
     entry block for a prompt not yet in. Vectorised rounds (every prompt proposes one move, the best are
     taken while they fit) while many prompts move at once, then one move at a time from a heap."""
-    moves = lambda idx: _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)  # noqa: E731
+    def moves(idx):
+        return _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)
+
     while True:
         idx = np.flatnonzero((np.where(counts == 0, m_min, counts + 1) <= m_top) & (cost <= left))
         ratio, target = moves(idx)
@@ -280,11 +300,31 @@ def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
         elif (m1 - counts[i]) * cost[i] <= left:
             left -= (m1 - counts[i]) * cost[i]
             counts[i] = m1
+            left -= _run(heap, i, blocks, owner, loc, counts, left, cost, m_top)
         elif (m_min if counts[i] == 0 else 1) * cost[i] > left:
             continue  # nothing this prompt could do fits any more: what is left only shrinks
         ratio, target = moves(np.array([i]))
         if ratio[0] > 0:
             heapq.heappush(heap, (-float(ratio[0]), i, int(target[0])))
+
+
+def _run(heap, i, blocks, owner, loc, counts, left, cost, m_top) -> float:
+    """Let prompt i keep taking single steps m -> m + 1 while each beats the best other proposal and
+    fits (what the one-at-a-time greedy would do, without a heap round trip per step). Returns the cost."""
+    m, c = int(counts[i]), float(cost[i])
+    width = min(int(m_top[i]) - m, int(left // c), 4096)
+    one = np.array([i])
+    if width <= 0 or _per_block("next_vertex", blocks, owner, loc, one, counts[one])[0] != m + 1:
+        return 0.0
+    vals = _per_block("value", blocks, owner, loc, np.full(width + 1, i), np.arange(m, m + width + 1))
+    ratio = np.diff(vals) / c
+    beats = ratio > 0
+    if heap:
+        top_ratio, top_i, _ = heap[0]
+        beats &= (ratio > -top_ratio) | ((ratio == -top_ratio) & (i < top_i))
+    steps = int(np.argmin(beats)) if not beats.all() else width
+    counts[i] = m + steps
+    return steps * c
 
 
 def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tuple[np.ndarray, np.ndarray]:
@@ -313,9 +353,10 @@ def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tu
 def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: float) -> float:
     """lambda*: the largest slope t with cost(slopes >= t) > budget, or 0 when all positive slopes fit.
 
-    Taking every segment with slope > lambda* is the feasible side of the bisection. Weighted quickselect
-    over the parts as given (the big ones are never copied whole): each round brackets the crossing that a
-    random sample predicts with two pivots and keeps only the undecided slopes.
+    Taking every segment with slope > lambda* is the feasible side of the bisection. A weighted quickselect
+    over the parts as given (the big ones are never copied whole; a part's costs broadcast against its
+    slopes): each round brackets the crossing that a random sample predicts with two pivots, and keeps
+    only the undecided slopes.
     """
     parts = [(s, w) for s, w in segments if s.size]
     base = 0.0  # cost of the slopes known to be > lambda*
@@ -323,8 +364,8 @@ def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: fl
     tiny = np.nextafter(0.0, 1.0)  # slopes <= 0 are never taken
     while (total := sum(s.size for s, _ in parts)) > 4096:
         picks = [rng.integers(0, s.size, max(1, 16384 * s.size // total)) for s, _ in parts]
-        sample = np.concatenate([s[i] for (s, _), i in zip(parts, picks)])
-        sample_w = np.concatenate([np.full(i.size, w) if np.isscalar(w) else w[i] for (_, w), i in zip(parts, picks)])
+        sample = np.concatenate([s.ravel()[i] for (s, _), i in zip(parts, picks)])
+        sample_w = np.concatenate([np.broadcast_to(w, s.shape).flat[i] for (s, w), i in zip(parts, picks)])
         order = np.argsort(-sample)
         est = base + np.cumsum(sample_w[order]) * (total / sample.size)
         at = int(np.searchsorted(est, budget, side="right"))
@@ -339,16 +380,15 @@ def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: fl
                 base, keep = base + w_hi, [a & ~b for a, b in zip(ge_lo, ge_hi)]
             else:  # lambda* < lo
                 base, keep = base + w_lo, [(s > 0) & ~a for (s, _), a in zip(parts, ge_lo)]
-        parts = [(s[k], w if np.isscalar(w) else w[k]) for (s, w), k in zip(parts, keep) if k.any()]
+        parts = _compress(parts, keep)
         if sum(s.size for s, _ in parts) == total:  # nothing decided: hi is the smallest slope left
             w_strict, gt = _weight_at_least(parts, np.nextafter(hi, math.inf))
             if base + w_strict <= budget:
                 return hi
-            parts = [(s[k], w if np.isscalar(w) else w[k]) for (s, w), k in zip(parts, gt) if k.any()]
+            parts = _compress(parts, gt)
+    parts = _compress(parts, [s > 0 for s, _ in parts])
     s = np.concatenate([s for s, _ in parts] + [np.zeros(0)])
-    w = np.concatenate([np.full(p.size, c) if np.isscalar(c) else c for p, c in parts] + [np.zeros(0)])
-    keep = s > 0
-    s, w = s[keep], w[keep]
+    w = np.concatenate([np.broadcast_to(w, s_.shape) for s_, w in parts] + [np.zeros(0)])
     order = np.argsort(-s, kind="stable")
     spent = base + np.cumsum(w[order])
     if s.size == 0 or spent[-1] <= budget:
@@ -359,9 +399,24 @@ def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: fl
 def _weight_at_least(parts, t: float) -> tuple[float, list[np.ndarray]]:
     """Total cost of the segments with slope >= t, and the masks."""
     masks = [s >= t for s, _ in parts]
-    total = sum(float(np.count_nonzero(m)) * w if np.isscalar(w) else float(np.sum(w, where=m))
-                for (_, w), m in zip(parts, masks))
+    total = 0.0
+    for (s, w), m in zip(parts, masks):
+        if np.ndim(w) == 0:
+            total += float(np.count_nonzero(m)) * float(w)
+        elif np.shape(w) == s.shape:
+            total += float(np.sum(w, where=m))
+        else:  # one cost per column of a (K, n) part
+            total += float(np.sum(np.count_nonzero(m, axis=0) * w))
     return total, masks
+
+
+def _compress(parts, masks) -> list[tuple[np.ndarray, np.ndarray | float]]:
+    """Keep the masked slopes of each part (flattened), with their costs."""
+    out = []
+    for (s, w), m in zip(parts, masks):
+        if m.any():
+            out.append((s[m], w if np.ndim(w) == 0 else np.broadcast_to(w, s.shape)[m]))
+    return out
 
 
 def _upper_hull(u: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

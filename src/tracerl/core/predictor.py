@@ -346,5 +346,3 @@ def make_predictor(name: str, **kwargs: Any) -> Predictor:
     return PREDICTORS[name](**kwargs)
 
 
-# last, after PREDICTORS exists: the module registers "hashed_mlp" (a subclass of HashedLogisticPredictor)
-import tracerl.core.predictor_mlp  # noqa: E402,F401
