@@ -22,14 +22,6 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 MOVE = 3.0  # parameter noise, in units of each tensor's std: enough for the clip to be active on ~30% of tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def new_logprobs() -> torch.Tensor:
     return RATIO.log().requires_grad_()  # logprobs_old = 0, so r = exp(new) = RATIO
 

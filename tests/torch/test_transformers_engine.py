@@ -18,15 +18,6 @@ VOCAB = 256
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # OpenMP with 2 threads on these tiny shapes is up to 10x slower on a busy 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_qwen3(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.engine import SamplingParams
@@ -149,13 +150,8 @@ def shared_prefix_tokens(calls) -> tuple[int, int]:
 
 
 def run(cfg: EngineBenchConfig = EngineBenchConfig()) -> dict:
-    threads = torch.get_num_threads()
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: EngineBenchConfig) -> dict:

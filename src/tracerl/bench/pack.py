@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from tracerl.engines import torch_threads
 from tracerl.core.advantages import compute_advantages
 from tracerl.core.tree import Segment, Tree
 from tracerl.engines.tiny import tiny_qwen3
@@ -99,13 +100,8 @@ def synthetic_trees(cfg: PackBenchConfig) -> list[Tree]:
 
 
 def run(cfg: PackBenchConfig = PackBenchConfig()) -> dict:
-    threads = torch.get_num_threads()
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _step(model, batch) -> tuple[tuple[float, float], float, dict[str, torch.Tensor]]:
