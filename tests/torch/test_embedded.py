@@ -1,0 +1,174 @@
+"""The embedded default policy on a deliberately small config: cache, masking, SFT, evaluation via the real driver."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from helpers import read_turns
+
+from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.io.driver import ReActDriver
+from tracerl.io.engine import SamplingParams
+from tracerl.io.scripted_engine import ScriptedEngine
+from tracerl.policy import embedded
+from tracerl.policy.embedded import (
+    EmbeddedConfig,
+    build_embedded,
+    evaluate,
+    expert_episode,
+    render_episode,
+    sft_loss,
+)
+
+SMALL = EmbeddedConfig(num_entities=40, num_distractors=8, hops=(2, 3), num_train_rows=48, p_noise_turn=0.3,
+                       vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_steps=30,
+                       batch_size=4, lr=1e-2, num_eval_prompts=4, eval_samples_per_prompt=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(cache dir, policy, number of SFT runs) for one build of SMALL."""
+    cache = tmp_path_factory.mktemp("cache")
+    calls = []
+    original = embedded.train_sft
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(embedded, "train_sft", counting)
+        messages = []
+        policy = build_embedded(SMALL, cache, progress=messages.append)
+    assert len(calls) == 1 and any("SFT step" in m for m in messages), messages
+    return cache, policy
+
+
+def greedy(policy, prompt_ids, max_tokens=24):
+    engine = TransformersEngine(policy.model, reuse_kv=False)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=policy.renderer.stop_token_ids)
+    return [c[0] for c in engine.generate(prompt_ids, params)]
+
+
+def test_build_writes_a_complete_cache_and_a_second_call_loads_it(built, monkeypatch):
+    cache, policy = built
+    path = cache / SMALL.key()
+    assert policy.path == path
+    assert {p.name for p in path.iterdir()} == {"tokenizer", "model", "embedded_config.json", "metrics.json"}
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")], "a temporary build folder was left behind"
+    assert EmbeddedConfig.from_dict(json.loads((path / "embedded_config.json").read_text())) == SMALL
+    metrics = json.loads((path / "metrics.json").read_text())
+    for key in ("train/sft_loss_curve", "eval/success", "eval/success_se", "sys/build_seconds"):
+        assert key in metrics, f"metrics.json lacks {key}"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached build was trained again")
+
+    monkeypatch.setattr(embedded, "train_sft", no_training)
+    loaded = build_embedded(SMALL, cache)
+    assert loaded.config == SMALL and loaded.path == path
+    state, loaded_state = policy.model.state_dict(), loaded.model.state_dict()
+    assert all(torch.equal(state[k], loaded_state[k]) for k in state), "the loaded weights differ from the built ones"
+    rows = policy.domain.rows("test", 3, seed=5)
+    tools = policy.domain.make_env().tools()
+    prompts = [policy.renderer.prompt_ids(r["prompt"], tools) for r in rows]
+    assert prompts == [loaded.renderer.prompt_ids(r["prompt"], tools) for r in rows], "the tokenizer changed on reload"
+    for a, b in zip(greedy(policy, prompts), greedy(loaded, prompts)):
+        assert a.token_ids == b.token_ids, "the loaded policy generates differently at temperature 0"
+
+
+def test_rebuild_trains_again_and_replaces_the_cache(built, monkeypatch):
+    cache, policy = built
+    calls = []
+    original = embedded.train_sft
+    monkeypatch.setattr(embedded, "train_sft", lambda *a, **k: calls.append(1) or original(*a, **k))
+    again = build_embedded(SMALL, cache, rebuild=True)
+    assert calls == [1], "rebuild=True did not retrain"
+    assert again.path == policy.path and (again.path / "metrics.json").exists()
+    assert sorted(p.name for p in cache.iterdir()) == [SMALL.key()], "rebuild left other folders in the cache"
+
+
+def test_sft_loss_decreases(built):
+    curve = json.loads((built[0] / SMALL.key() / "metrics.json").read_text())["train/sft_loss_curve"]
+    assert curve[-1] < 0.7 * curve[0], f"the SFT loss did not fall: {curve}"
+
+
+def test_traces_are_laid_out_exactly_as_the_driver_lays_out_rollouts(built):
+    """Replay noisy expert episodes through the real driver: same token ids, and mask 0 exactly on inserted text."""
+    policy = built[1]
+    renderer, domain = policy.renderer, policy.domain
+    rows = domain.rows("train", 6, seed=3)
+    rng = np.random.default_rng(0)
+    episodes = [expert_episode(domain, row, rng, p_noise_turn=0.3, max_turns=SMALL.max_turns) for row in rows]
+    assert any(e.num_noisy_turns for e in episodes), "the test should cover noisy turns"
+    actions = {e.row["prompt"][-1]["content"]: [a for a, _, _ in e.turns] for e in episodes}
+
+    def replay(prefix, sample_index, rng):
+        question, turns = read_turns(renderer, prefix)
+        return renderer.encode(actions[question][len(turns)]) + [renderer.stop_token_ids[0]]
+
+    driver = ReActDriver(ScriptedEngine(replay), renderer, domain, limits=SMALL.limits())
+    driver.set_rows(rows)
+    trees, _ = driver.run_roots(list(range(len(rows))), [1] * len(rows))
+    tools = domain.make_env().tools()
+    for episode, tree in zip(episodes, trees):
+        ids, mask = render_episode(renderer, episode, tools, SMALL.limits())
+        (leaf,) = tree.leaves()
+        path = tree.path(leaf)
+        assert ids == tree.prefix_token_ids(leaf), "token ids differ from the driver's"
+        assert mask == [m for n in path for m in tree.nodes[n].segment.mask], "mask differs from the driver's"
+        assert tree.nodes[leaf].reward == episode.reward
+        policy_text = renderer.decode([t for t, m in zip(ids, mask) if m])
+        assert policy_text == "".join(a + "<|im_end|>" for a, _, _ in episode.turns), "mask 1 off the policy's turns"
+        inserted = renderer.decode([t for t, m in zip(ids, mask) if not m])
+        assert all(o in inserted for _, o, _ in episode.turns if o), "an observation is not under mask 0"
+        assert "<|im_start|>assistant\n" in inserted and "<tool_call>" not in inserted
+
+
+def test_sft_loss_counts_policy_tokens_only(built):
+    model = built[1].model
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=gen)  # (B, T)
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0, 0], [0, 1, 0, 0, 0, 1, 1, 1, 0]])  # (B, T)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=input_ids).logits, -1)  # (B, T, V)
+        want = -np.mean([logp[b, t - 1, input_ids[b, t]].item() for b in range(2) for t in range(9) if mask[b, t]])
+        got = sft_loss(model, input_ids, mask).item()
+        last = input_ids.clone()  # the last token is a target under mask 0 and context for nothing
+        last[:, -1] = (last[:, -1] + 1) % model.config.vocab_size
+        unchanged = sft_loss(model, last, mask).item()
+        policy = input_ids.clone()  # a policy token's target does enter the loss
+        policy[0, 3] = (policy[0, 3] + 1) % model.config.vocab_size
+        changed = sft_loss(model, policy, mask).item()
+    assert got == pytest.approx(want, rel=1e-5)
+    assert unchanged == pytest.approx(got, rel=1e-6), "a token under mask 0 was a target of the loss"
+    assert changed != pytest.approx(got, rel=1e-6)
+
+
+def test_evaluate_runs_the_real_driver_and_returns_sane_numbers(built):
+    policy = built[1]
+    result = evaluate(policy, "test", num_prompts=3, samples_per_prompt=2, temperature=1.0, seed=0)
+    assert result["eval/num_prompts"] == 3 and result["eval/num_rollouts"] == 6
+    assert 0.0 <= result["eval/success"] <= 1.0 and result["eval/success_se"] >= 0.0
+    assert result["eval/sampled_tokens"] > 0 and result["eval/total_tokens"] > result["eval/sampled_tokens"]
+    assert result == {**evaluate(policy, "test", 3, 2, temperature=1.0, seed=0), "eval/seconds": result["eval/seconds"]}
+
+
+def test_a_bad_config_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="p_noise_turn"):
+        EmbeddedConfig(p_noise_turn=1.0)
+    with pytest.raises(ValueError, match="sft_steps"):
+        EmbeddedConfig(sft_steps=0)
+    assert EmbeddedConfig().key() != EmbeddedConfig(seed=1).key()
