@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from tracerl.core.advantages import TreeAdvantages
+
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.scripted_engine import ScriptedEngine
 from tracerl.io.tokenizer import train_tokenizer
@@ -38,3 +40,11 @@ def expert_engine(renderer, rows, domain, noise=0.0, wrong="<answer>nobody</answ
             text = domain.expert_turn(by_question[question], turns, np.random.default_rng(0))
         return renderer.encode(text) + [renderer.stop_token_ids[0]]
     return ScriptedEngine(script)
+
+
+def random_advantages(tree, seed: int) -> TreeAdvantages:
+    """Independent N(0, 1) advantages per (leaf, segment): shared segments get different values in each rollout."""
+    rng = np.random.default_rng(seed)
+    leaves = tuple(tree.leaves())
+    paths = tuple(tuple(tree.path(leaf)[1:]) for leaf in leaves)
+    return TreeAdvantages(tree.prompt_id, leaves, paths, tuple(rng.normal(size=len(p)) for p in paths))

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tracerl.core.advantages import TreeAdvantages
 from tracerl.core.tree import Segment, Tree
+from helpers import random_advantages  # noqa: E402
 from tracerl.train.batch import packed_batch, rollout_batch
 
 VOCAB = 50
@@ -42,14 +42,6 @@ def irregular_tree(prompt_id: str, seed: int) -> Tree:
     b1 = tree.add_child(b, seg(r(2, 5), r(1, 3)))
     tree.add_child(b1, seg(r(1, 5), 0), reward=0.0)
     return tree
-
-
-def random_advantages(tree: Tree, seed: int) -> TreeAdvantages:
-    """Independent N(0, 1) advantages per (leaf, segment): shared segments get different values in each rollout."""
-    rng = np.random.default_rng(seed)
-    leaves = tuple(tree.leaves())
-    paths = tuple(tuple(tree.path(leaf)[1:]) for leaf in leaves)
-    return TreeAdvantages(tree.prompt_id, leaves, paths, tuple(rng.normal(size=len(p)) for p in paths))
 
 
 @pytest.fixture(scope="module")

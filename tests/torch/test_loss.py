@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tracerl.core.advantages import TreeAdvantages
 from tracerl.core.tree import Segment, Tree
 from tracerl.engines.tiny import tiny_qwen3
+from helpers import random_advantages  # noqa: E402
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.loss import batch_logprobs, batch_policy_loss, packed_policy_loss, policy_loss, token_logprobs
 
@@ -117,13 +117,6 @@ def small_tree(prompt_id: str, seed: int) -> Tree:
     b1 = tree.add_child(b, seg(2 + seed, 2))
     tree.add_child(b1, seg(3, 0), reward=0.0)
     return tree
-
-
-def random_advantages(tree: Tree, seed: int) -> TreeAdvantages:
-    rng = np.random.default_rng(seed)
-    leaves = tuple(tree.leaves())
-    paths = tuple(tuple(tree.path(leaf)[1:]) for leaf in leaves)
-    return TreeAdvantages(tree.prompt_id, leaves, paths, tuple(rng.normal(size=len(p)) for p in paths))
 
 
 @pytest.fixture(scope="module")
