@@ -255,10 +255,32 @@ def test_roots_keep_a_window_of_their_own():
     newest_root = predictor.features.transform([History("step 4 root 9")]).to_dense()
     rows = np.flatnonzero(predictor.replay_is_root)
     np.testing.assert_array_equal(predictor.replay_x.take(rows[-1:]).to_dense(), newest_root)
-    shared = HashedLogisticPredictor(replay_size=40, root_replay_size=0, batch_size=16)
+    shared = HashedLogisticPredictor(replay_size=40, root_replay_size=0, root_head=False, batch_size=16)
     for step in range(5):
         shared.update([History(f"r{step}")] * 10 + [History(f"t{step}", depth=2)] * 20, np.full(30, 0.5))
     assert shared.replay_x.num_rows == 40 and not shared.replay_is_root.any()
+
+
+def test_root_head_predicts_roots_from_root_samples_only():
+    # roots say "easy"/"hard" and succeed 0.9/0.1; prefixes carry the same words but succeed at 0.5, so a
+    # shared model squeezes the roots towards the middle and the root head does not
+    rng = np.random.default_rng(0)
+    words = rng.choice(["easy", "hard"], size=400)
+    roots = [History(f"q{i} {w}") for i, w in enumerate(words)]
+    prefixes = [History(f"q{i} {w} turn {t}", depth=1 + t) for i, w in enumerate(words) for t in range(4)]
+    root_t = np.where(words == "easy", 0.9, 0.1)
+    targets = np.concatenate([root_t, np.full(len(prefixes), 0.5)])
+    probe = [History("q999 easy"), History("q998 hard")]
+    gaps = {}
+    for root_head in (True, False):
+        predictor = HashedLogisticPredictor(root_head=root_head)
+        for _ in range(4):
+            predictor.update(roots + prefixes, targets)
+        p_easy, p_hard = predictor.predict(probe)
+        gaps[root_head] = p_easy - p_hard
+    assert gaps[True] > 0.55 and gaps[True] > gaps[False] + 0.15
+    with pytest.raises(ValueError, match="root_replay_size"):
+        HashedLogisticPredictor(root_head=True, root_replay_size=0)
 
 
 def test_same_seed_same_predictions_and_state_round_trip():
