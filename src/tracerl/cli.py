@@ -72,6 +72,76 @@ def _finite(obj):
     return obj
 
 
+def _train_config(args: argparse.Namespace):
+    from tracerl.train.config import load_config
+
+    overrides = list(args.set or [])
+    if getattr(args, "out", None):
+        overrides.append(f"run.out_dir={args.out}")
+    return load_config(args.config, overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tracerl.train.progress import print_summary, progress_bar
+    from tracerl.train.trainer import run_training
+
+    config = _train_config(args)
+    say = _say
+    say(f"train: method {config.method}, {config.run.num_steps} steps of {config.allocation.budget:.0f} budget units, "
+        f"domain {config.data.domain}, policy {config.policy.model}, run directory {config.out_dir()}")
+    with progress_bar(config) as bar:
+        result = run_training(config, resume=args.resume, say=bar.write if bar else say,
+                              progress=bar.update if bar else None)
+    print_summary(result)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from tracerl.train.trainer import Trainer, format_eval
+
+    config = _train_config(args)
+    trainer = Trainer(config, say=_say)
+    if args.checkpoint and not trainer.resume():
+        raise ValueError(f"{config.out_dir()} has no checkpoint; train first or drop --checkpoint")
+    row = trainer.evaluate()
+    print(f"held-out success at step {trainer.step}: {format_eval(row)} ({row['eval/num_prompts']} questions x "
+          f"{config.run.eval_samples} samples)")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from tracerl.report.compare import run_compare
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    seeds = list(range(args.seeds)) if args.seeds else [0]
+    print(run_compare(methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
+                      say=_say))
+    return 0
+
+
+def _warmstart(args: argparse.Namespace) -> int:
+    from tracerl.policy.embedded import EmbeddedConfig, build_embedded
+    from tracerl.train.config import load_config
+
+    config = _train_config(args)
+    policy = build_embedded(EmbeddedConfig.from_dict(config.policy.embedded), config.policy.cache_dir or None,
+                            rebuild=not args.keep, progress=_say)
+    metrics = policy.metrics()
+    print(f"embedded policy in {policy.path}: held-out success {metrics['eval/success']:.1%} ± "
+          f"{metrics['eval/success_se']:.1%}, built in {metrics['sys/build_seconds']:.0f} s")
+    return 0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="a preset file (configs/*.toml) or a run's config.json (default: built-in defaults)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set optim.lr=1e-3 --set allocation.k_max=null (repeatable)")
+
+
 def _methods(args: argparse.Namespace) -> int:
     from tracerl.core.methods import METHODS
 
@@ -104,6 +174,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("pack", help="policy-loss forward+backward per rollout vs packed trees (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.set_defaults(func=_bench_pack)
+
+    p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")
+    _add_run_options(p)
+    p.add_argument("--out", help="run directory (default: runs/{method}-seed{seed})")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="held-out success of a policy (the run's latest checkpoint with --checkpoint)")
+    _add_run_options(p)
+    p.add_argument("--out", help="run directory whose checkpoint to evaluate")
+    p.add_argument("--checkpoint", action="store_true", help="load the run directory's latest checkpoint first")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("compare", help="several methods at equal budget over seeds: Markdown table and PNG plots")
+    _add_run_options(p)
+    p.add_argument("--methods", default="grpo,pcl,treepo,trace", help="comma-separated method presets")
+    p.add_argument("--seeds", type=int, default=1, help="number of seeds (0..N-1) per method")
+    p.add_argument("--out", default="runs/compare", help="folder for the runs, compare.md and the plots")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("warmstart", help="(re)build the embedded policy: tokenizer, tiny Qwen3, supervised warm start")
+    _add_run_options(p)
+    p.add_argument("--keep", action="store_true", help="load a cached build if there is one instead of rebuilding")
+    p.set_defaults(func=_warmstart)
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)

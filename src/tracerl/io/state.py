@@ -92,11 +92,11 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make the rename itself durable where the OS allows it (POSIX); a no-op elsewhere."""
     try:
         fd = os.open(directory, os.O_RDONLY)

@@ -43,12 +43,11 @@ import numpy as np
 import torch
 
 from tracerl.engines.tiny import tiny_qwen3
-from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
-from tracerl.io.driver import DriverLimits, ReActDriver
-from tracerl.io.engine import SamplingParams
+from tracerl.io.driver import DriverLimits
 from tracerl.io.tokenizer import train_tokenizer
+from tracerl.train.evaluation import evaluate_rows
 
 BUILD_VERSION = 1  # part of the cache key: bump it when a code change alters what a config builds
 
@@ -337,6 +336,9 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
                "train/mean_trace_tokens": float(np.mean([len(ids) for ids, _ in traces])),
                "train/num_parameters": num_params, "train/vocab_size": len(tokenizer),
                "sys/build_seconds": time.perf_counter() - started, **result}
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar would break tracerl's own progress bar
     _save(policy, metrics)
     say(f"saved the embedded policy to {path} ({metrics['sys/build_seconds']:.0f} s)")
     return policy
@@ -364,6 +366,9 @@ def _save(policy: EmbeddedPolicy, metrics: dict[str, Any]) -> None:
 def load_embedded(path: str | Path) -> EmbeddedPolicy:
     """A policy saved by `build_embedded` (local files only, no network)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its loading bar would break tracerl's own progress bar
 
     path = Path(path)
     if not (path / "metrics.json").exists():
@@ -377,27 +382,8 @@ def load_embedded(path: str | Path) -> EmbeddedPolicy:
 # ------------------------------------------------------------------------------------------------ evaluation
 
 def evaluate(policy: EmbeddedPolicy, split: str = "test", num_prompts: int = 64, samples_per_prompt: int = 4,
-             temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
-    """avg@k success on `num_prompts` questions of `split`, k = samples_per_prompt, through the real driver.
-
-    success = mean over prompts of the prompt's mean reward; success_se = std over prompts / sqrt(num_prompts)
-    (the prompts are the independent draws; 0 when there is one prompt)."""
+             temperature: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    """`evaluate_rows` on `num_prompts` questions of `split` (drawn with `seed`), through the real driver."""
     rows = policy.domain.rows(split, num_prompts, seed=seed)
-    engine = TransformersEngine(policy.model, max_batch_size=64)
-    driver = ReActDriver(engine, policy.renderer, policy.domain, limits=policy.config.limits(),
-                         sampling=SamplingParams(temperature=temperature, seed=seed))
-    driver.set_rows(rows)
-    started = time.perf_counter()
-    trees, num_sampled = driver.run_roots(list(range(len(rows))), [samples_per_prompt] * len(rows))
-    per_prompt = np.array([tree.rewards().mean() for tree in trees])
-    leaves = [tree.nodes[i] for tree in trees for i in tree.leaves()]
-    result = {"eval/success": float(per_prompt.mean()),
-              "eval/success_se": float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt))) if len(rows) > 1 else 0.0,
-              "eval/num_prompts": len(rows), "eval/num_rollouts": len(leaves), "eval/sampled_tokens": num_sampled,
-              "eval/total_tokens": sum(len(tree.prefix_token_ids(i)) for tree in trees for i in tree.leaves()),
-              "eval/answered": float(np.mean([n.finish_reason == "answer" for n in leaves])),
-              "eval/tool_errors": driver.counters["rollout/tool_errors"], "eval/seconds": time.perf_counter() - started}
-    for hops in sorted({r["extra_info"]["hops"] for r in rows}):
-        chosen = [p for p, r in zip(per_prompt, rows) if r["extra_info"]["hops"] == hops]
-        result[f"eval/success_hops{hops}"] = float(np.mean(chosen))
-    return result
+    return evaluate_rows(policy.model, policy.renderer, policy.domain, policy.config.limits(), rows,
+                         samples_per_prompt, temperature, seed=seed)

@@ -1,0 +1,84 @@
+"""A run's metrics: one JSON object per line in `metrics.jsonl`, optionally mirrored to TensorBoard.
+
+Every row has `step` and `kind` ("train" for a training step, "eval" for a held-out evaluation), then
+namespaced keys (`rollout/`, `alloc/`, `predictor/`, `train/`, `eval/`, `sys/`). Rows are flushed as they are
+written, so a killed run keeps every finished step. On resume, `truncate_after(step)` drops rows of steps the
+checkpoint does not cover, so the file reads as if the run had never stopped. NaN and infinities are written
+as null (JSON has neither).
+
+Deliberately not here: plotting and tables (`tracerl.report`), wall-clock-free comparison (callers drop
+`sys/` keys when comparing runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir/metrics.jsonl` (a torn last line, from a kill mid-write, is skipped)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; is {run_dir} a tracerl run directory?")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class RunLog:
+    """Append-only metrics of one run directory (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / METRICS_FILE
+        self.writer = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                raise ValueError("run.tensorboard=true needs tensorboardX: pip install tensorboardX, or set "
+                                 "run.tensorboard=false") from None
+            self.writer = SummaryWriter(str(self.dir / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only rows with row["step"] <= step (and drop a torn last line)."""
+        if not self.path.exists():
+            return
+        kept = [row for row in read_metrics(self.dir) if row["step"] <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        os.replace(tmp, self.path)
+
+    def write(self, kind: str, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        row = {"step": int(step), "kind": kind, **{k: _finite(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        if self.writer is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+        return row
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,1 @@
+"""Reports over finished runs: `compare` (methods side by side, Markdown and PNG)."""

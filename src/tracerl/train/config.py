@@ -1,0 +1,165 @@
+"""The training run's config: one frozen dataclass per section, every field documented, checked at load.
+
+A run is configured by a preset file (`configs/*.toml`), then `--set section.key=value` overrides, then
+`TrainConfig.check()`, which catches what single fields cannot (a method that needs a simulator, a domain the
+embedded policy was not trained on). The resolved config is saved as `config.json` in the run directory, and
+`tracerl train --config <run>/config.json` reproduces the run.
+
+This module holds no torch code; it sits in `train` because it names the trainer's knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
+from tracerl.core.methods import METHODS, AllocationConfig
+from tracerl.core.predictor import PREDICTORS
+from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
+
+DOMAINS = ("multihop", "math", "funcall", "bfcl")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0  # seeds data order, allocation, sampling and the predictor; same seed -> same run
+    num_steps: int = 12  # policy updates; each spends one step's sampling budget
+    out_dir: str = "runs/{method}-seed{seed}"  # run directory ({method} and {seed} are filled in)
+    eval_every: int = 0  # held-out evaluation every N steps (0 = only before the first and after the last step)
+    eval_prompts: int = 128  # held-out questions per evaluation (more = smaller standard error, slower)
+    eval_samples: int = 4  # samples per held-out question (avg@k)
+    eval_temperature: float = 1.0  # sampling temperature of the evaluation (0 = greedy)
+    checkpoint_every: int = 1  # write a checkpoint every N steps (and after the last); a resume restarts there
+    num_threads: int = 1  # torch CPU threads (0 = torch's default); one is fastest for the tiny model on 2 cores
+    tensorboard: bool = True  # also write TensorBoard event files (needs tensorboardX)
+    progress: bool = True  # a progress bar with the key figures on stderr
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.eval_prompts < 2 or self.eval_samples < 1 or self.checkpoint_every < 1:
+            raise ValueError(f"run.num_steps={self.num_steps}, run.checkpoint_every={self.checkpoint_every} and "
+                             f"run.eval_samples={self.eval_samples} must be >= 1 and run.eval_prompts="
+                             f"{self.eval_prompts} >= 2 (the standard error needs two prompts)")
+        if self.eval_every < 0 or self.num_threads < 0 or self.eval_temperature < 0:
+            raise ValueError("run.eval_every, run.num_threads and run.eval_temperature must be >= 0")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    model: str = "embedded"  # "embedded" (built on the spot, cached) or a local Hugging Face model directory
+    embedded: dict = field(default_factory=dict)  # EmbeddedConfig overrides, e.g. {"sft_steps": 400}
+    cache_dir: str = ""  # where the embedded build is cached ("" = $TRACERL_CACHE or ~/.cache/tracerl)
+    max_batch_size: int = 64  # rollouts the engine decodes together
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"policy.max_batch_size={self.max_batch_size} must be >= 1")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    domain: str = "multihop"  # one of multihop, math, funcall, bfcl
+    num_train_prompts: int = 4000  # training questions the pools are drawn from (in a fixed shuffled order)
+    max_turns: int = 0  # policy turns per rollout (0 = the embedded policy's or 8)
+    max_tokens_per_turn: int = 0  # sampled tokens per turn (0 = the embedded policy's or 128)
+    max_tokens_per_rollout: int = 0  # policy + observation tokens after the prompt (0 = the embedded policy's or 1024)
+
+    def __post_init__(self) -> None:
+        if self.domain not in DOMAINS:
+            raise ValueError(f"data.domain={self.domain!r} is unknown; use one of {DOMAINS}")
+        if self.num_train_prompts < 1 or min(self.max_turns, self.max_tokens_per_turn,
+                                             self.max_tokens_per_rollout) < 0:
+            raise ValueError("data.num_train_prompts must be >= 1 and the turn/token limits >= 0 (0 = default)")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0  # rollout sampling temperature (the loss scores tokens at the same temperature)
+    top_p: float = 1.0  # nucleus sampling; < 1 makes the sampled logprobs differ from the trained distribution
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.temperature={self.temperature} must be > 0 and sampling.top_p={self.top_p} "
+                             "in (0, 1]; RL needs stochastic rollouts")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 5e-4  # AdamW learning rate (constant); the tiny policy takes a large one, real models ~1e-6
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
+    num_epochs: int = 1  # passes over a step's rollouts; > 1 reuses samples off-policy (the clip matters then)
+    micro_batch_rollouts: int = 32  # rollouts per forward/backward (gradients accumulate); lower it to save memory
+    clip_eps: float = 0.2  # PPO clip range below 1
+    clip_eps_high: float = 0.28  # clip range above 1 (DAPO's clip-higher keeps exploration alive)
+    kl_coef: float = 0.0  # k3 KL penalty to the initial policy (0 = no reference model is kept)
+    agg: str = "token-mean"  # loss aggregation: token-mean or seq-mean-token-mean
+    packed: bool = False  # train on packed trees (shared prefixes computed once); same gradient, faster for wide trees
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.kl_coef < 0:
+            raise ValueError("optim.lr must be > 0 and weight_decay, grad_clip, kl_coef >= 0")
+        if self.num_epochs < 1 or self.micro_batch_rollouts < 1:
+            raise ValueError("optim.num_epochs and optim.micro_batch_rollouts must be >= 1")
+        if self.agg not in ("token-mean", "seq-mean-token-mean"):
+            raise ValueError(f"optim.agg={self.agg!r}; use token-mean or seq-mean-token-mean")
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    name: str = "hashed_logistic"  # a registered predictor (tracerl.core.predictor.PREDICTORS)
+    options: dict = field(default_factory=lambda: {"l2": 1e-3})  # its constructor options (see its docstring)
+
+    def __post_init__(self) -> None:
+        if self.name not in PREDICTORS or self.name == "oracle":
+            raise ValueError(f"predictor.name={self.name!r}; use one of "
+                             f"{sorted(set(PREDICTORS) - {'oracle'})} (the oracle exists only in the simulator)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: str = "trace"  # a method preset (tracerl methods lists them)
+    run: RunConfig = field(default_factory=RunConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    allocation: AllocationConfig = field(default_factory=lambda: AllocationConfig(num_prompts=16))
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is unknown; use one of {sorted(METHODS)}")
+        preset = METHODS[self.method]
+        if preset.predictor == "oracle":
+            raise ValueError(f"method={self.method!r} needs the true success probability, which only the simulator "
+                             "knows; run it with `tracerl bench alloc`")
+        if preset.advantage not in ADVANTAGES:
+            raise ValueError(f"method {self.method!r} names advantage {preset.advantage!r}, which is not registered")
+        if self.policy.model == "embedded" and self.data.domain != "multihop":
+            raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
+                             "is trained on multihop only; set policy.model to a local Hugging Face model directory")
+        if self.policy.model != "embedded" and not (self.policy.model and Path(self.policy.model).is_dir()):
+            raise ValueError(f"policy.model={self.policy.model!r} is neither 'embedded' nor a local model directory; "
+                             "models load from local files only")
+
+    def out_dir(self) -> Path:
+        return Path(self.run.out_dir.format(method=self.method, seed=self.run.seed))
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> TrainConfig:
+    """Preset file (or `base`, or the defaults), then `key=value` overrides, checked (ValueError names the fix)."""
+    data = load_file(path) if path else dict(base or {})
+    data = apply_overrides(data, list(overrides or []))
+    return from_dict(TrainConfig, data, where="")
+
+
+def section_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]

@@ -1,0 +1,49 @@
+"""Held-out evaluation of a policy through the real rollout driver: avg@k success with its standard error.
+
+Deliberately not here: pass@k, per-turn statistics, or evaluation of anything but a transformers model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.io.chat import ChatRenderer
+from tracerl.io.driver import DriverLimits, ReActDriver
+from tracerl.io.engine import SamplingParams
+
+
+def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, limits: DriverLimits,
+                  rows: Sequence[dict[str, Any]], samples_per_prompt: int = 4, temperature: float = 1.0,
+                  seed: int = 0, max_batch_size: int = 64) -> dict[str, Any]:
+    """avg@k success on `rows`, k = samples_per_prompt.
+
+    success = mean over prompts of the prompt's mean reward; success_se = std over prompts / sqrt(num_prompts)
+    (the prompts are the independent draws; 0 when there is one prompt). `eval/per_prompt` lists each prompt's
+    mean reward in row order, so two evaluations on the same rows can be compared pairwise."""
+    engine = TransformersEngine(model, max_batch_size=max_batch_size)
+    driver = ReActDriver(engine, renderer, domain, limits=limits,
+                         sampling=SamplingParams(temperature=temperature, seed=seed))
+    driver.set_rows(rows)
+    started = time.perf_counter()
+    trees, num_sampled = driver.run_roots(list(range(len(rows))), [samples_per_prompt] * len(rows))
+    per_prompt = np.array([tree.rewards().mean() for tree in trees])
+    leaves = [tree.nodes[i] for tree in trees for i in tree.leaves()]
+    result: dict[str, Any] = {
+        "eval/success": float(per_prompt.mean()),
+        "eval/success_se": float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt))) if len(rows) > 1 else 0.0,
+        "eval/num_prompts": len(rows), "eval/num_rollouts": len(leaves), "eval/sampled_tokens": num_sampled,
+        "eval/total_tokens": sum(len(tree.prefix_token_ids(i)) for tree in trees for i in tree.leaves()),
+        "eval/answered": float(np.mean([n.finish_reason == "answer" for n in leaves])),
+        "eval/tool_errors": driver.counters["rollout/tool_errors"], "eval/seconds": time.perf_counter() - started}
+    for hops in sorted({r.get("extra_info", {}).get("hops") for r in rows} - {None}):
+        chosen = [p for p, r in zip(per_prompt, rows) if r["extra_info"].get("hops") == hops]
+        result[f"eval/success_hops{hops}"] = float(np.mean(chosen))
+    result["eval/per_prompt"] = [float(x) for x in per_prompt]
+    return result

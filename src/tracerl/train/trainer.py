@@ -1,0 +1,305 @@
+"""The training loop: one TRACE step, top to bottom, for every method preset; checkpoints; held-out evaluation.
+
+`Trainer.train_step` is the whole algorithm of DESIGN.md section 2 on a real policy:
+
+    candidate pool -> predictor -> stage 1 -> bare rollouts -> stage 2 -> rewards -> natural backup targets
+    -> predictor scored on the step's fresh nodes, then updated -> advantages -> policy update
+
+Allocation, advantages and measures are the pure functions of `tracerl.core` (the same ones `tracerl bench
+alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine`; the update is the
+clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees.
+
+Every step's sampling draws on seeds derived from (run seed, step), and every other random state (data order,
+allocation, predictor) is saved in the checkpoint, so a run resumed from a checkpoint produces the same metrics
+as one that never stopped (`tests/e2e`).
+
+Deliberately not here: distributed training, learning-rate schedules, a value model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tracerl.core.advantages import TreeAdvantages, compute_advantages
+from tracerl.core.allocation import BudgetLedger
+from tracerl.core.calibration import calibration_metrics
+from tracerl.core.growth import grow_trees
+from tracerl.core.methods import get_method
+from tracerl.core.metrics import predictor_targets, ratios, step_counts
+from tracerl.core.predictor import PREDICTORS, make_predictor
+from tracerl.core.tree import Tree
+from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.io.driver import DriverLimits, ReActDriver
+from tracerl.io.engine import SamplingParams
+from tracerl.io.runlog import RunLog
+from tracerl.train import checkpoint
+from tracerl.train.batch import packed_batch, rollout_batch
+from tracerl.train.config import TrainConfig
+from tracerl.train.evaluation import evaluate_rows
+from tracerl.train.loss import batch_logprobs, batch_policy_loss
+from tracerl.train.policy import load_policy
+
+Say = Callable[[str], None]
+
+
+def step_seed(seed: int, step: int, stream: int) -> int:
+    """A sampling seed for (run seed, step, stream), stable across processes (no Python hash randomisation)."""
+    return int(np.random.default_rng([seed, step, stream]).integers(2**31 - 1))
+
+
+def rollout_policy_tokens(tree: Tree) -> int:
+    """Policy tokens summed over the tree's rollouts (a shared segment counts once per leaf below it)."""
+    return sum(tree.nodes[i].segment.num_policy_tokens for leaf in tree.leaves() for i in tree.path(leaf))
+
+
+class Trainer:
+    """Holds the policy, engine, predictor, optimiser and run state of one run directory."""
+
+    def __init__(self, config: TrainConfig, *, say: Say | None = None):
+        self.config = config
+        self.say = say or (lambda message: None)
+        self.method = get_method(config.method)
+        self.out = config.out_dir()
+        self.policy = load_policy(config, self.say)
+        self.model = self.policy.model
+        self.engine = TransformersEngine(self.model, max_batch_size=config.policy.max_batch_size)
+        self.ref_model = None
+        if config.optim.kl_coef > 0:  # a frozen copy of the initial policy
+            self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr, betas=config.optim.betas,
+                                           weight_decay=config.optim.weight_decay)
+        self.uses_predictor = self.method.predictor != "none"
+        self.predictor = None
+        if self.uses_predictor:
+            options = dict(config.predictor.options)
+            if "seed" in inspect.signature(PREDICTORS[config.predictor.name]).parameters:
+                options.setdefault("seed", config.run.seed)
+            self.predictor = make_predictor(config.predictor.name, **options)
+        seed = config.run.seed
+        self.train_rows = self.policy.domain.rows("train", config.data.num_train_prompts, seed=seed)
+        self.eval_rows = self.policy.domain.rows("test", config.run.eval_prompts, seed=seed)
+        self.order_rng = np.random.default_rng([seed, 1])
+        self.alloc_rng = np.random.default_rng([seed, 2])
+        self.order = self.order_rng.permutation(len(self.train_rows))
+        self.cursor = 0
+        self.step = 0
+        self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
+        self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
+
+    # ------------------------------------------------------------------------------------------------ one step
+    def next_pool(self) -> list[dict[str, Any]]:
+        """The next pool_size training rows in a shuffled order, reshuffled when it runs out."""
+        size = min(self.config.allocation.pool_size, len(self.train_rows))
+        if self.cursor + size > len(self.order):
+            self.order, self.cursor = self.order_rng.permutation(len(self.train_rows)), 0
+        rows = [self.train_rows[i] for i in self.order[self.cursor: self.cursor + size]]
+        self.cursor += size
+        return rows
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, alloc = self.config, self.config.allocation
+        started = time.perf_counter()
+        # 1. candidate pool, predictor, stage 1, bare rollouts, stage 2 (tracerl.core.growth)
+        driver = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
+                             sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_p,
+                                                     seed=step_seed(cfg.run.seed, self.step, 0)))
+        pool = driver.set_rows(self.next_pool())
+        ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
+        predict = self.predictor.predict if self.uses_predictor else None
+        grown = grow_trees(self.method, alloc, pool, predict, driver, ledger, self.alloc_rng)
+        trees = grown.trees
+        # 2. backup targets; the predictor is scored on the fresh nodes before it learns from them
+        metrics: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if self.uses_predictor:
+            histories, targets, weights = predictor_targets(trees)
+            if len(histories):
+                cal = calibration_metrics(self.predictor.predict(histories), targets, weights)
+                metrics.update({f"predictor/{k}": v for k, v in cal.items()})
+                fit = self.predictor.update(histories, targets, weights)
+                metrics.update({f"predictor/{k}": v for k, v in fit.items()})
+        update_seconds = time.perf_counter() - t0
+        # 3. advantages and the policy update
+        advantages = compute_advantages(self.method.advantage, trees, cfg.advantages)
+        counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent)
+        t0 = time.perf_counter()
+        metrics.update(self.update_policy(trees, advantages))
+        train_seconds = time.perf_counter() - t0
+        # 4. measures (DESIGN.md section 3)
+        self.step += 1
+        step_seconds = time.perf_counter() - started
+        alloc_seconds = grown.seconds["predict"] + grown.seconds["allocate"] + update_seconds
+        self.totals["units"] += ledger.units_spent
+        self.totals["tokens"] += ledger.tokens_spent
+        self.totals["prompts"] += len(trees)
+        self.totals["rollouts"] += counts["num_leaves"]
+        measures = ratios(counts)
+        metrics.update({
+            "alloc/effective_ratio": measures["effective_ratio"],
+            "alloc/mixed_trees_per_budget": measures["mixed_trees_per_budget"],
+            "alloc/mixed_anchors_per_budget": measures["mixed_anchors_per_budget"],
+            "alloc/nonzero_adv_token_frac": measures["nonzero_adv_token_frac"],
+            "alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
+            "alloc/overhead_frac": alloc_seconds / step_seconds,
+            "rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
+            "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
+            "rollout/cum_units": self.totals["units"], "rollout/cum_tokens": self.totals["tokens"],
+            **{f"rollout/{k.split('/', 1)[1]}": v for k, v in driver.counters.items()},
+            "sys/step_seconds": step_seconds, "sys/rollout_seconds": grown.seconds["rollout"],
+            "sys/train_seconds": train_seconds, "sys/alloc_seconds": alloc_seconds,
+        })
+        return self.log.write("train", self.step, metrics)
+
+    def update_policy(self, trees: list[Tree], advantages: list[TreeAdvantages]) -> dict[str, float]:
+        """AdamW on the clipped surrogate over all of the step's rollouts, `num_epochs` passes.
+
+        The loss normaliser is the whole step's (all policy tokens for token-mean, all rollouts for
+        seq-mean-token-mean), so micro-batching does not change the gradient. Trees whose advantages are all zero
+        add nothing to the gradient when there is no KL term; they are counted in the normaliser and skipped."""
+        cfg = self.config.optim
+        token_mean = cfg.agg == "token-mean"
+        total = sum(rollout_policy_tokens(t) for t in trees) if token_mean else sum(len(t.leaves()) for t in trees)
+        work = [(t, a) for t, a in zip(trees, advantages)
+                if self.ref_model is not None or any(np.any(np.asarray(v) != 0) for v in a.values)]
+        sums: dict[str, float] = {}
+        weight = 0.0  # sum of the shares the metrics were averaged with
+        self.model.train()
+        for _ in range(cfg.num_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for chunk in _chunks(work, cfg.micro_batch_rollouts):
+                make = packed_batch if cfg.packed else rollout_batch
+                batch = make([t for t, _ in chunk], [a for _, a in chunk], pad_id=self.policy.pad_id)
+                share = (batch.num_policy_tokens if token_mean else sum(len(a.leaf_ids) for _, a in chunk)) / total
+                ref = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = batch_logprobs(self.ref_model, batch, self.config.sampling.temperature)
+                loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
+                                                ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
+                                                clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
+                (loss * share).backward()
+                weight += share
+                for key, value in parts.items():
+                    if key != "train/num_policy_tokens":
+                        sums[key] = sums.get(key, 0.0) + value * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+            self.optimizer.step()
+        self.model.eval()
+        sums = {key: value / weight for key, value in sums.items()} if weight else {}
+        sums.update({"train/grad_norm": float(grad_norm), "train/num_policy_tokens": float(total if token_mean else 0),
+                     "train/num_trained_trees": float(len(work)), "train/lr": cfg.lr})
+        return sums
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out avg@k on the run's fixed evaluation questions (same questions and seed every time)."""
+        cfg = self.config.run
+        result = evaluate_rows(self.model, self.policy.renderer, self.policy.domain, self.policy.limits,
+                               self.eval_rows, cfg.eval_samples, cfg.eval_temperature, seed=cfg.seed,
+                               max_batch_size=self.config.policy.max_batch_size)
+        result["rollout/cum_units"] = self.totals["units"]
+        result["rollout/cum_tokens"] = self.totals["tokens"]
+        return self.log.write("eval", self.step, result)
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        state = {"step": self.step, "cursor": self.cursor, "order": self.order, "totals": self.totals,
+                 "order_rng": self.order_rng.bit_generator.state, "alloc_rng": self.alloc_rng.bit_generator.state}
+        return checkpoint.save(self.out, self.step, self.model, self.optimizer, self.predictor, state)
+
+    def resume(self) -> bool:
+        """Load the latest checkpoint of the run directory, if any; returns whether one was loaded."""
+        state = checkpoint.load(self.out, self.model, self.optimizer, self.predictor)
+        if state is None:
+            return False
+        self.step, self.cursor, self.totals = int(state["step"]), int(state["cursor"]), dict(state["totals"])
+        self.order = np.asarray(state["order"])
+        self.order_rng.bit_generator.state = state["order_rng"]
+        self.alloc_rng.bit_generator.state = state["alloc_rng"]
+        self.log.truncate_after(self.step)
+        return True
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    """Consecutive groups of items with at most `size` rollouts each (a tree larger than `size` is alone)."""
+    out, current, count = [], [], 0
+    for item in items:
+        leaves = len(item[1].leaf_ids)
+        if current and count + leaves > size:
+            out.append(current)
+            current, count = [], 0
+        current.append(item)
+        count += leaves
+    if current:
+        out.append(current)
+    return out
+
+
+def format_eval(row: dict[str, Any]) -> str:
+    return f"{row['eval/success']:.1%} ± {row['eval/success_se']:.1%}"
+
+
+def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None = None,
+                 progress: Callable[[dict[str, Any]], None] | None = None,
+                 initial_eval: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train `config.run.num_steps` steps with held-out evaluation before and after (and every `eval_every`).
+
+    `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
+    (it does not depend on the method), logged instead of evaluating again.
+    Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
+    trainer = Trainer(config, say=say)
+    resumed = resume and trainer.resume()
+    if resume and not resumed:
+        (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
+    checkpoint.save_config(trainer.out, config.to_dict())
+    rows = [r for r in _existing_evals(trainer) if r["step"] == 0]
+    if rows:
+        before = rows[0]
+    elif initial_eval is not None and trainer.step == 0:
+        before = trainer.log.write("eval", 0, {k: v for k, v in initial_eval.items() if k not in ("step", "kind")})
+    else:
+        before = trainer.evaluate()
+    if say:
+        say(f"held-out success before training: {format_eval(before)} ({len(trainer.eval_rows)} questions x "
+            f"{config.run.eval_samples} samples)")
+    after = before
+    while trainer.step < config.run.num_steps:
+        row = trainer.train_step()
+        if progress:
+            progress(row)
+        last = trainer.step == config.run.num_steps
+        if config.run.eval_every and trainer.step % config.run.eval_every == 0 and not last:
+            trainer.evaluate()
+        if last or trainer.step % config.run.checkpoint_every == 0:
+            trainer.save()
+    evals = [r for r in _existing_evals(trainer) if r["step"] == trainer.step]
+    after = evals[-1] if evals and trainer.step > 0 else trainer.evaluate()
+    trainer.log.close()
+    diff = _paired_difference(before, after)
+    return {"before": before, "after": after, "improvement": after["eval/success"] - before["eval/success"],
+            "improvement_se": diff, "out_dir": str(trainer.out), "steps": trainer.step,
+            "cum_units": trainer.totals["units"], "cum_tokens": trainer.totals["tokens"]}
+
+
+def _existing_evals(trainer: Trainer) -> list[dict[str, Any]]:
+    from tracerl.io.runlog import read_metrics
+
+    if not trainer.log.path.exists():
+        return []
+    return [r for r in read_metrics(trainer.out) if r["kind"] == "eval"]
+
+
+def _paired_difference(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Standard error of after - before over the same questions (paired by question)."""
+    a, b = np.asarray(after.get("eval/per_prompt", [])), np.asarray(before.get("eval/per_prompt", []))
+    if len(a) != len(b) or len(a) < 2:
+        return float("nan")
+    return float(np.std(a - b, ddof=1) / math.sqrt(len(a)))
