@@ -56,7 +56,8 @@ def _bench_pack(args: argparse.Namespace) -> int:
         raise SystemExit(f"tracerl bench pack needs torch and transformers: pip install -e '.[torch]' ({err})")
 
     print("bench pack: one training step per rollout vs packed trees (tiny model) ...", file=sys.stderr, flush=True)
-    result = pack.run(pack.PackBenchConfig())
+    cfg = pack.PackBenchConfig() if args.hidden_size is None else pack.PackBenchConfig(hidden_size=args.hidden_size)
+    result = pack.run(cfg)
     print(json.dumps(_finite(result)) if args.json else pack.to_markdown(result))
     return 0
 
@@ -99,11 +100,12 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from tracerl.train.trainer import Trainer, format_eval
 
+    args.set = [*(args.set or []), "run.tensorboard=false"]
     config = _train_config(args)
     trainer = Trainer(config, say=_say)
     if args.checkpoint and not trainer.resume():
         raise ValueError(f"{config.out_dir()} has no checkpoint; train first or drop --checkpoint")
-    row = trainer.evaluate()
+    row = trainer.evaluate(log=False)
     print(f"held-out success at step {trainer.step}: {format_eval(row)} ({row['eval/num_prompts']} questions x "
           f"{config.run.eval_samples} samples)")
     return 0
@@ -173,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = bench.add_parser("pack", help="policy-loss forward+backward per rollout vs packed trees (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
+    p.add_argument("--hidden-size", type=int, help="width of the tiny model (default 128); packing pays off on wider "
+                                                   "models, where the MLPs outweigh the dense tree mask")
     p.set_defaults(func=_bench_pack)
 
     p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")

@@ -43,7 +43,7 @@ def test_steps_of_every_method_train_and_log(tiny_overrides, tmp_path, method):
     assert [r["step"] for r in read_metrics(config.out_dir())] == [1, 2]
 
 
-def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path):
+def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path, capsys):
     # a whole run must see at least one mixed tree on this policy (~30% success), or nothing above was trained
     config = _config(tiny_overrides, tmp_path, "method=trace", "run.num_steps=3", "run.eval_prompts=2",
                      "run.eval_samples=1")
@@ -55,6 +55,13 @@ def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path):
     assert load_config(config.out_dir() / "config.json") == config and saved["method"] == "trace"
     assert (config.out_dir() / "checkpoints" / "latest").read_text().strip() == "step-000003"
     assert list((config.out_dir() / "tensorboard").iterdir()), "TensorBoard events are written"
+
+    from tracerl.cli import main
+
+    logged = (config.out_dir() / "metrics.jsonl").read_text()
+    assert main(["eval", "--config", str(config.out_dir() / "config.json"), "--checkpoint"]) == 0
+    assert f"held-out success at step 3: {result['after']['eval/success']:.1%}" in capsys.readouterr().out
+    assert (config.out_dir() / "metrics.jsonl").read_text() == logged, "tracerl eval leaves the run's log alone"
 
 
 def _comparable(rows):

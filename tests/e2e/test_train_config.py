@@ -47,3 +47,17 @@ def test_cli_reports_config_errors_without_a_traceback(capsys):
 
     assert main(["train", "--set", "optim.lr=fast"]) == 2
     assert "optim.lr: expected a number, got 'fast'" in capsys.readouterr().err
+
+
+def test_a_run_directory_is_never_overwritten_and_resume_keeps_the_config(tmp_path):
+    import json
+
+    from tracerl.train.trainer import run_training
+
+    config = load_config(None, [f"run.out_dir={tmp_path}"])
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="already holds a run; pass --resume"):
+        run_training(config)
+    (tmp_path / "config.json").write_text(json.dumps(load_config(None, ["optim.lr=0.1"]).to_dict()))
+    with pytest.raises(ValueError, match=r"differs from .*config.json in \['optim.lr', 'run.out_dir'\]"):
+        run_training(config, resume=True)

@@ -133,33 +133,36 @@ def plot(runs: dict[str, list[dict]], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
+    seeds = len(next(iter(runs.values())))
+    curves = {}
     for method, seed_runs in runs.items():
         _, units, success = _eval_curve(seed_runs)
-        ax.plot(units, success, marker="o", label=method)
-    ax.set_xlabel("cumulative sampling cost (budget units)")
-    ax.set_ylabel("held-out success (avg@k)")
-    ax.set_title(f"accuracy vs sampling cost ({len(next(iter(runs.values())))} seed(s))")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out / "accuracy_vs_cost.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+        curves[method] = (units, success, "o")
+    acc = _figure(plt, curves, "cumulative sampling cost (budget units)", "held-out success (avg@k)",
+                  f"accuracy vs sampling cost ({seeds} seed(s))", None, out / "accuracy_vs_cost.png")
+    curves = {}
     for method, seed_runs in runs.items():
         num = min(len(run["train"]) for run in seed_runs)
         ratio = np.nanmean([[r["alloc/effective_ratio"] for r in run["train"][:num]] for run in seed_runs], axis=0)
-        ax.plot(np.arange(1, num + 1), ratio, marker=".", label=method)
-    ax.set_xlabel("step")
-    ax.set_ylabel("effective ratio (mixed trees / prompts)")
-    ax.set_ylim(0, 1)
+        curves[method] = (np.arange(1, num + 1), ratio, ".")
+    eff = _figure(plt, curves, "step", "effective ratio (mixed trees / prompts)",
+                  f"effective ratio per step ({seeds} seed(s))", (0, 1), out / "effective_ratio.png")
+    return [acc, eff]
+
+
+def _figure(plt, curves: dict[str, tuple], xlabel: str, ylabel: str, title: str, ylim, path: Path) -> Path:
+    """One line per method: curves[method] = (x, y, marker)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, (x, y, marker) in curves.items():
+        ax.plot(x, y, marker=marker, label=method)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ylim:
+        ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    paths.append(out / "effective_ratio.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return paths
+    return path

@@ -199,15 +199,16 @@ class Trainer:
         return sums
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict[str, Any]:
-        """Held-out avg@k on the run's fixed evaluation questions (same questions and seed every time)."""
+    def evaluate(self, log: bool = True) -> dict[str, Any]:
+        """Held-out avg@k on the run's fixed evaluation questions (same questions and seed every time); `log`
+        appends it to the run's metrics."""
         cfg = self.config.run
         result = evaluate_rows(self.model, self.policy.renderer, self.policy.domain, self.policy.limits,
                                self.eval_rows, cfg.eval_samples, cfg.eval_temperature, seed=cfg.seed,
                                max_batch_size=self.config.policy.max_batch_size)
         result["rollout/cum_units"] = self.totals["units"]
         result["rollout/cum_tokens"] = self.totals["tokens"]
-        return self.log.write("eval", self.step, result)
+        return self.log.write("eval", self.step, result) if log else {"step": self.step, "kind": "eval", **result}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -216,7 +217,8 @@ class Trainer:
         return checkpoint.save(self.out, self.step, self.model, self.optimizer, self.predictor, state)
 
     def resume(self) -> bool:
-        """Load the latest checkpoint of the run directory, if any; returns whether one was loaded."""
+        """Load the latest checkpoint of the run directory, if any; returns whether one was loaded. The caller
+        truncates the metrics log to the checkpoint's step (`run_training` does)."""
         state = checkpoint.load(self.out, self.model, self.optimizer, self.predictor)
         if state is None:
             return False
@@ -224,7 +226,6 @@ class Trainer:
         self.order = np.asarray(state["order"])
         self.order_rng.bit_generator.state = state["order_rng"]
         self.alloc_rng.bit_generator.state = state["alloc_rng"]
-        self.log.truncate_after(self.step)
         return True
 
 
@@ -255,10 +256,12 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
     (it does not depend on the method), logged instead of evaluating again.
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
+    _check_run_dir(config, resume)
     trainer = Trainer(config, say=say)
     resumed = resume and trainer.resume()
     if resume and not resumed:
         (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
+    trainer.log.truncate_after(trainer.step)  # rows of steps after the checkpoint are written again
     checkpoint.save_config(trainer.out, config.to_dict())
     rows = [r for r in _existing_evals(trainer) if r["step"] == 0]
     if rows:
@@ -287,6 +290,38 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
     return {"before": before, "after": after, "improvement": after["eval/success"] - before["eval/success"],
             "improvement_se": diff, "out_dir": str(trainer.out), "steps": trainer.step,
             "cum_units": trainer.totals["units"], "cum_tokens": trainer.totals["tokens"]}
+
+
+RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "embedded" and key != "options":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _check_run_dir(config: TrainConfig, resume: bool) -> None:
+    """A new run never writes into an old one; a resumed run keeps its config (it may only run longer)."""
+    out = config.out_dir()
+    saved_path = out / checkpoint.CONFIG_FILE
+    if not resume:
+        if (out / "metrics.jsonl").exists():
+            raise ValueError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+        return
+    if saved_path.exists():
+        import json
+
+        saved, now = _flatten(json.loads(saved_path.read_text())), _flatten(config.to_dict())
+        changed = sorted(k for k in set(saved) | set(now)
+                         if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise ValueError(f"--resume with a config that differs from {saved_path} in {changed}; resume with "
+                             f"--config {saved_path} (only {', '.join(RESUMABLE_CHANGES)} may change)")
 
 
 def _existing_evals(trainer: Trainer) -> list[dict[str, Any]]:
