@@ -103,3 +103,31 @@ def test_resume_after_sigkill_gives_the_same_metrics(tiny_overrides, tmp_path):
     assert _comparable(got) == _comparable(expected)
     final = [torch.load(d / "checkpoints" / "step-000004" / "model.pt", weights_only=True) for d in (straight, killed)]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tmp_path):
+    from dataclasses import replace
+
+    config = _config(tiny_overrides, tmp_path, "method=trace", "optim.grad_clip=0")
+    trainer = Trainer(config)
+    update = trainer.update_policy
+    captured = {}
+    trainer.update_policy = lambda trees, advantages: captured.update(trees=trees, advantages=advantages) or {}
+    trainer.train_step()
+    trees, advantages = captured["trees"], captured["advantages"]
+    assert sum(len(a.leaf_ids) for a in advantages) > 3, "the step must have more rollouts than a micro-batch"
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    deltas = []
+    for options in ({"micro_batch_rollouts": 10_000}, {"micro_batch_rollouts": 3}, {"packed": True},
+                    {"packed": True, "micro_batch_rollouts": 3}):
+        trainer.model.load_state_dict(start)
+        trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)  # delta = -gradient
+        trainer.config = replace(config, optim=replace(config.optim, **options))
+        metrics = update(trees, advantages)
+        deltas.append({k: v - start[k] for k, v in trainer.model.state_dict().items()})
+    assert metrics["train/num_trained_trees"] > 0, "no tree had contrast: nothing to compare"
+    scale = max(d.abs().max().item() for d in deltas[0].values())
+    assert scale > 0
+    for other in deltas[1:]:
+        for key, want in deltas[0].items():
+            torch.testing.assert_close(other[key], want, rtol=1e-4, atol=1e-5 * scale, msg=key)
