@@ -36,6 +36,7 @@ from tracerl.core.methods import get_method
 from tracerl.core.metrics import predictor_targets, ratios, step_counts
 from tracerl.core.predictor import PREDICTORS, make_predictor
 from tracerl.core.tree import Tree
+from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
@@ -257,7 +258,13 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
     (it does not depend on the method), logged instead of evaluating again.
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
     _check_run_dir(config, resume)
-    trainer = Trainer(config, say=say)
+    trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
+    with torch_threads(config.run.num_threads):
+        return _train(trainer, config, resume, say, progress, initial_eval)
+
+
+def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
+           progress: Callable[[dict[str, Any]], None] | None, initial_eval: dict[str, Any] | None) -> dict[str, Any]:
     resumed = resume and trainer.resume()
     if resume and not resumed:
         (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
