@@ -105,7 +105,10 @@ def _eval(args: argparse.Namespace) -> int:
     trainer = Trainer(config, say=_say)
     if args.checkpoint and not trainer.resume():
         raise ValueError(f"{config.out_dir()} has no checkpoint; train first or drop --checkpoint")
-    row = trainer.evaluate(log=False)
+    from tracerl.engines import torch_threads
+
+    with torch_threads(config.run.num_threads):
+        row = trainer.evaluate(log=False)
     print(f"held-out success at step {trainer.step}: {format_eval(row)} ({row['eval/num_prompts']} questions x "
           f"{config.run.eval_samples} samples)")
     return 0
@@ -131,6 +134,16 @@ def _warmstart(args: argparse.Namespace) -> int:
     metrics = policy.metrics()
     print(f"embedded policy in {policy.path}: held-out success {metrics['eval/success']:.1%} ± "
           f"{metrics['eval/success_se']:.1%}, built in {metrics['sys/build_seconds']:.0f} s")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from tracerl.serve import run_server
+    except ImportError as err:
+        raise SystemExit(f"tracerl serve needs fastapi and uvicorn: pip install -e '.[serve]' ({err})")
+    run_server(args.model, host=args.host, port=args.port, device=args.device,
+               served_model_name=args.served_model_name, num_threads=args.threads, say=_say)
     return 0
 
 
@@ -205,6 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible /v1/completions on token ids over TransformersEngine")
+    p.add_argument("--model", required=True, help='a local model directory (save_pretrained) or "embedded"')
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu", help="torch device of the model, e.g. cuda")
+    p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model as given)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's choice); 1 is "
+                                                         "fastest for tiny models on a busy machine")
+    p.set_defaults(func=_serve)
     return parser
 
 
