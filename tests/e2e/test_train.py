@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tracerl.io.runlog import read_metrics
+from tracerl.core.tree import Tree
+from tracerl.io.runlog import read_metrics, read_trees
 from tracerl.train.config import load_config
 from tracerl.train.trainer import Trainer, run_training
 
@@ -55,6 +56,10 @@ def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path, capsys):
     assert load_config(config.out_dir() / "config.json") == config and saved["method"] == "trace"
     assert (config.out_dir() / "checkpoints" / "latest").read_text().strip() == "step-000003"
     assert list((config.out_dir() / "tensorboard").iterdir()), "TensorBoard events are written"
+    saved = read_trees(config.out_dir())
+    assert saved["step"] == 3 and len(saved["pool"]) == config.allocation.pool_size
+    assert sum(p["granted"] > 0 for p in saved["pool"]) == len(saved["trees"]) == rows[-1]["alloc/num_prompts"]
+    assert sum(len(Tree.from_dict(t).leaves()) for t in saved["trees"]) == rows[-1]["rollout/num_rollouts"]
 
     from tracerl.cli import main
 

@@ -6,12 +6,17 @@ written, so a killed run keeps every finished step. On resume, `truncate_after(s
 checkpoint does not cover, so the file reads as if the run had never stopped. NaN and infinities are written
 as null (JSON has neither).
 
+With `run.save_trees`, each step's pool and trees go to `trees/step-NNNNNN.json.gz` (`write_trees`): for every
+pool prompt its id, predicted p and stage-1 grant (0 = filtered out), and every grown tree in `Tree.to_dict` form
+(token ids, logprobs, masks, text, rewards, each node's p_pred, expand_reason and num_granted).
+
 Deliberately not here: plotting and tables (`tracerl.report`), wall-clock-free comparison (callers drop
 `sys/` keys when comparing runs).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+TREES_DIR = "trees"  # <run>/trees/step-000012.json.gz: one step's pool and trees (see write_trees)
 
 
 def _finite(value: Any) -> Any:
@@ -82,3 +88,28 @@ class RunLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def write_trees(run_dir: str | Path, step: int, record: dict[str, Any]) -> Path:
+    """`record` ({"step", "method", "pool": [...], "trees": [...]}) as gzipped JSON, written then renamed."""
+    directory = Path(run_dir) / TREES_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step-{step:06d}.json.gz"
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(record, f, separators=(",", ":"))
+    os.replace(tmp, path)
+    return path
+
+
+def read_trees(run_dir: str | Path, step: int | None = None) -> dict[str, Any]:
+    """The record `write_trees` wrote for `step` (default: the run's last step with trees)."""
+    directory = Path(run_dir) / TREES_DIR
+    steps = sorted(int(p.name[5:11]) for p in directory.glob("step-*.json.gz")) if directory.is_dir() else []
+    if not steps:
+        raise ValueError(f"{run_dir} has no saved trees; train with run.save_trees=true")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"{run_dir} has no trees for step {step}; steps with trees: {steps}")
+    with gzip.open(directory / f"step-{step:06d}.json.gz", "rt", encoding="utf-8") as f:
+        return json.load(f)

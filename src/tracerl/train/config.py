@@ -34,6 +34,7 @@ class RunConfig:
     checkpoint_every: int = 1  # write a checkpoint every N steps (and after the last); a resume restarts there
     num_threads: int = 1  # torch CPU threads (0 = torch's default); one is fastest for the tiny model on 2 cores
     tensorboard: bool = True  # also write TensorBoard event files (needs tensorboardX)
+    save_trees: bool = True  # write each step's pool and trees to <run>/trees/ (for `tracerl view`; ~0.3 MB a step)
     progress: bool = True  # a progress bar with the key figures on stderr
 
     def __post_init__(self) -> None:

@@ -40,7 +40,7 @@ from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
-from tracerl.io.runlog import RunLog
+from tracerl.io.runlog import RunLog, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import TrainConfig
@@ -117,6 +117,12 @@ class Trainer:
         predict = self.predictor.predict if self.uses_predictor else None
         grown = grow_trees(self.method, alloc, pool, predict, driver, ledger, self.alloc_rng)
         trees = grown.trees
+        if cfg.run.save_trees:
+            write_trees(self.out, self.step + 1, {
+                "step": self.step + 1, "method": cfg.method, "domain": cfg.data.domain,
+                "pool": [{"prompt_id": h.prompt_id, "p": float(p) if self.uses_predictor else None, "granted": int(m)}
+                         for h, p, m in zip(pool, grown.p_pool, grown.root_counts)],
+                "trees": [tree.to_dict() for tree in trees]})
         # 2. backup targets; the predictor is scored on the fresh nodes before it learns from them
         metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
