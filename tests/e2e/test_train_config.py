@@ -27,7 +27,7 @@ def test_every_preset_loads():
     ("method=ppo", "method='ppo' is unknown; use one of"),
     ("method=trace-oracle", "only the simulator knows"),
     ("data.domain=math", "the embedded policy is trained on multihop only"),
-    ("policy.model=/no/such/model", "neither 'embedded' nor a local model directory"),
+    ("policy.model=/no/such/model", "neither 'embedded', a local model directory nor a hub id"),
     ("optim.lr=-1", "optim.lr must be > 0"),
     ("optim.agg=sum", "optim.agg='sum'; use token-mean or seq-mean-token-mean"),
     ("allocation.rollouts_per_prompt=1", "rollouts_per_prompt=1 must be >= 2"),
@@ -36,6 +36,8 @@ def test_every_preset_loads():
     ("run.num_steps=0", "run.num_steps=0"),
     ("sampling.temperature=0", "RL needs stochastic rollouts"),
     ("run.nm_steps=3", r"run: unknown key\(s\) \['nm_steps'\]"),
+    ("policy.engine=vllm", "use 'transformers' or 'openai'"),
+    ("policy.engine=openai", "needs policy.base_url=http://host:port"),
 ])
 def test_bad_configs_fail_at_load(override, message):
     with pytest.raises(ValueError, match=message):
@@ -61,3 +63,13 @@ def test_a_run_directory_is_never_overwritten_and_resume_keeps_the_config(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(load_config(None, ["optim.lr=0.1"]).to_dict()))
     with pytest.raises(ValueError, match=r"differs from .*config.json in \['optim.lr', 'run.out_dir'\]"):
         run_training(config, resume=True)
+
+
+def test_a_hub_id_passes_the_config_and_fails_clearly_when_it_cannot_be_loaded(monkeypatch, tmp_path):
+    from tracerl.train.policy import load_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on a machine without the hub: nothing cached, nothing reachable
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    config = load_config(None, ["policy.model=Qwen/Qwen3-0.6B", "data.domain=funcall"])
+    with pytest.raises(ValueError, match="(?s)could not load policy.model='Qwen/Qwen3-0.6B'.*pass a local model"):
+        load_policy(config)

@@ -228,6 +228,19 @@ class OpenAIEngine:
                               f"{params.max_tokens} in choice {k}")
         return Completion([int(t) for t in ids], [float(v) for v in values], reason)
 
+    def load_weights(self, path: str) -> None:
+        """Ask the server to load the state dict saved at `path` (`torch.save`; the server must be able to read it).
+
+        `tracerl serve` implements this as `POST /v1/load_weights {"path": ...}`. vLLM and SGLang have their own
+        weight-update paths (see docs/engines.md); this call is for `tracerl serve` only."""
+        url = f"{self.base_url}/v1/load_weights"
+        try:
+            response = self._client.post(url, json={"path": str(path)})
+        except httpx.TransportError as err:
+            raise EngineError(f"POST {url} failed: {type(err).__name__}: {err}. Is the server up?") from err
+        if response.status_code != 200:
+            raise EngineError(f"POST {url} answered HTTP {response.status_code}: {_error_message(response)}")
+
     def _first_model(self) -> str:
         """The first model `GET /v1/models` lists (retried like a completion request)."""
         url, last = f"{self.base_url}/v1/models", ""

@@ -22,7 +22,10 @@ import threading
 import time
 import uuid
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +34,11 @@ from pydantic import BaseModel, ConfigDict
 
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.engine import SamplingParams
+
+
+class LoadWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str  # a state dict written with torch.save, readable by the server
 
 
 class CompletionRequest(BaseModel):
@@ -91,6 +99,23 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
     def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "tracerl", "max_model_len": engine.max_positions}]}
+
+    @app.post("/v1/load_weights")
+    def load_weights(body: LoadWeightsRequest) -> JSONResponse:
+        """Replace the served weights with a state dict saved by the trainer (`torch.save`) at `path` on this
+        machine: how a training run keeps its server generating with the latest policy. The engine's KV store is
+        invalidated by the in-place weight change."""
+        path = Path(body.path)
+        if not path.is_file():
+            return _error(400, f"no weights file at {path}; save the state dict with torch.save on a path the "
+                               "server can read")
+        state = torch.load(path, map_location=engine.device, weights_only=True)
+        with lock:
+            missing, unexpected = engine.model.load_state_dict(state, strict=False)
+            if missing or unexpected:
+                return _error(400, f"the weights do not fit the served model: missing {sorted(missing)[:5]}, "
+                                   f"unexpected {sorted(unexpected)[:5]}")
+        return JSONResponse({"status": "ok", "num_tensors": len(state)})
 
     @app.post("/v1/completions")
     def completions(body: CompletionRequest) -> JSONResponse:  # sync: FastAPI runs it in a worker thread

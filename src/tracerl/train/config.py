@@ -48,14 +48,26 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    model: str = "embedded"  # "embedded" (built on the spot, cached) or a local Hugging Face model directory
+    model: str = "embedded"  # "embedded" (built on the spot, cached), a local Hugging Face model directory or a hub id
     embedded: dict = field(default_factory=dict)  # EmbeddedConfig overrides, e.g. {"sft_steps": 400}
     cache_dir: str = ""  # where the embedded build is cached ("" = $TRACERL_CACHE or ~/.cache/tracerl)
     max_batch_size: int = 64  # rollouts the engine decodes together
+    engine: str = "transformers"  # "transformers" (in process) or "openai" (a vLLM/SGLang/tracerl serve server)
+    base_url: str = ""  # the server of engine="openai", e.g. http://127.0.0.1:8000
+    served_model_name: str = ""  # the model name the server expects ("" = the first it lists)
+    n_mode: str = "n"  # "n": one request per prefix with n samples (vLLM, tracerl serve); "repeat": SGLang
+    sync_weights: bool = True  # engine="openai": push the weights to the server after each update (tracerl serve)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"policy.max_batch_size={self.max_batch_size} must be >= 1")
+        if self.engine not in ("transformers", "openai"):
+            raise ValueError(f"policy.engine={self.engine!r}; use 'transformers' or 'openai'")
+        if self.engine == "openai" and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"policy.engine='openai' needs policy.base_url=http://host:port of the server "
+                             f"(got {self.base_url!r})")
+        if self.n_mode not in ("n", "repeat"):
+            raise ValueError(f"policy.n_mode={self.n_mode!r}; use 'n' (vLLM, tracerl serve) or 'repeat' (SGLang)")
 
 
 @dataclass(frozen=True)
@@ -143,15 +155,22 @@ class TrainConfig:
         if self.policy.model == "embedded" and self.data.domain != "multihop":
             raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
                              "is trained on multihop only; set policy.model to a local Hugging Face model directory")
-        if self.policy.model != "embedded" and not (self.policy.model and Path(self.policy.model).is_dir()):
-            raise ValueError(f"policy.model={self.policy.model!r} is neither 'embedded' nor a local model directory; "
-                             "models load from local files only")
+        model = self.policy.model
+        if model != "embedded" and not (model and Path(model).is_dir()) and not _looks_like_hub_id(model):
+            raise ValueError(f"policy.model={model!r} is neither 'embedded', a local model directory nor a hub id "
+                             "like Qwen/Qwen3-0.6B")
 
     def out_dir(self) -> Path:
         return Path(self.run.out_dir.format(method=self.method, seed=self.run.seed))
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """'org/name' with no path-like start: loaded with from_pretrained, which downloads it when it is not cached."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not Path(name).exists()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -1,8 +1,9 @@
 """The policy a run trains: the embedded tiny model (built or loaded from its cache) or a local Hugging Face model.
 
 `load_policy(config)` returns everything the trainer needs around the weights: the tokenizer's chat renderer, the
-domain, the driver limits and the padding id. Local files only: a model id that would need a download is refused
-at config load (`TrainConfig.check`).
+domain, the driver limits and the padding id. `policy.model` is "embedded", a local directory or a hub id
+(`from_pretrained` loads a local copy or the hub's cache first; a hub id on an offline machine fails with a
+message naming the fix). The chat template and tool-call format come from the tokenizer (`tracerl.io.chat`).
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ def load_policy(config: TrainConfig, say: Callable[[str], None] = lambda message
 
     hf_logging.disable_progress_bar()  # its loading bar would break tracerl's own progress bar
 
-    tokenizer = AutoTokenizer.from_pretrained(config.policy.model, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(config.policy.model, dtype=torch.float32,
-                                                 local_files_only=True).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.policy.model)
+        model = AutoModelForCausalLM.from_pretrained(config.policy.model, dtype=torch.float32).eval()
+    except OSError as err:  # no such directory, or a hub id that is neither cached nor reachable
+        raise ValueError(f"could not load policy.model={config.policy.model!r} ({err}); pass a local model "
+                         "directory, or a hub id on a machine that can download it") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), make_domain(config.data.domain),
                        _limits(config, DriverLimits()), int(pad_id or 0), config.policy.model)

@@ -71,7 +71,7 @@ class Trainer:
         self.out = config.out_dir()
         self.policy = load_policy(config, self.say)
         self.model = self.policy.model
-        self.engine = TransformersEngine(self.model, max_batch_size=config.policy.max_batch_size)
+        self.engine = self._make_engine()
         self.ref_model = None
         if config.optim.kl_coef > 0:  # a frozen copy of the initial policy
             self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
@@ -94,6 +94,30 @@ class Trainer:
         self.step = 0
         self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
+
+    def _make_engine(self):
+        cfg = self.config.policy
+        if cfg.engine == "transformers":
+            return TransformersEngine(self.model, max_batch_size=cfg.max_batch_size)
+        from tracerl.engines.openai_engine import OpenAIEngine
+
+        engine = OpenAIEngine(cfg.base_url, cfg.served_model_name or None, n_mode=cfg.n_mode,
+                              max_concurrency=cfg.max_batch_size)
+        self.say(f"generating with the server at {cfg.base_url}" + (", weights synced after each update"
+                                                                     if cfg.sync_weights else ""))
+        return engine
+
+    def sync_weights(self) -> None:
+        """Send the current weights to a served engine (policy.engine="openai", policy.sync_weights), so it
+        samples the next step from the policy being trained. Written atomically to <run>/sync/weights.pt first."""
+        if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
+            return
+        path = self.out / "sync" / "weights.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.model.state_dict(), tmp)
+        tmp.replace(path)
+        self.engine.load_weights(str(path.resolve()))
 
     # ------------------------------------------------------------------------------------------------ one step
     def next_pool(self) -> list[dict[str, Any]]:
@@ -139,6 +163,7 @@ class Trainer:
         counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent)
         t0 = time.perf_counter()
         metrics.update(self.update_policy(trees, advantages))
+        self.sync_weights()
         train_seconds = time.perf_counter() - t0
         # 4. measures (DESIGN.md section 3)
         self.step += 1
@@ -275,6 +300,7 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
     if resume and not resumed:
         (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
     trainer.log.truncate_after(trainer.step)  # rows of steps after the checkpoint are written again
+    trainer.sync_weights()  # a served engine starts from the run's weights, not whatever it held
     checkpoint.save_config(trainer.out, config.to_dict())
     rows = [r for r in _existing_evals(trainer) if r["step"] == 0]
     if rows:
