@@ -149,3 +149,31 @@ def test_metric_invariants(p, data):
         assert 0.0 <= a <= 1.0
         assert auc(1 - p, y) == pytest.approx(1 - a, abs=1e-9)  # reversing the ranking mirrors the AUC
         assert auc(p, 1 - y) == pytest.approx(1 - a, abs=1e-9)
+
+
+def test_platt_fit_recovers_a_known_scaling():
+    from tracerl.core.calibration import platt_fit
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 2.0, 20000)
+    t = (rng.random(z.size) < 1 / (1 + np.exp(-(0.5 * z - 1.0)))).astype(float)
+    a, b = platt_fit(z, t)
+    assert abs(a - 0.5) < 0.05 and abs(b + 1.0) < 0.05
+    # soft targets and weights: one sample of weight 3 with target 1/3 is the same evidence as three samples
+    a1, b1 = platt_fit(np.array([0.0, 1.0]), np.array([1 / 3, 1.0]), np.array([3.0, 1.0]))
+    a2, b2 = platt_fit(np.array([0.0, 0.0, 0.0, 1.0]), np.array([1.0, 0.0, 0.0, 1.0]))
+    assert abs(a1 - a2) < 1e-6 and abs(b1 - b2) < 1e-6
+
+
+def test_platt_fit_edge_cases():
+    from tracerl.core.calibration import platt_fit
+
+    assert platt_fit(np.zeros(0), np.zeros(0)) == (1.0, 0.0)
+    a, b = platt_fit(np.zeros(400), np.r_[np.ones(100), np.zeros(300)])  # no signal in z: b -> logit(0.25)
+    assert abs(a - 1.0) < 1e-6 and abs(b - np.log(0.25 / 0.75)) < 0.02
+    a, b = platt_fit(np.array([1e6, -1e6, 3.0]), np.array([0.0, 1.0, 1.0]))  # extreme logits stay finite
+    assert np.isfinite(a) and np.isfinite(b) and a < 0
+    with pytest.raises(ValueError, match="ridge"):
+        platt_fit(np.zeros(3), np.zeros(3), ridge=0.0)
+    with pytest.raises(ValueError, match="1-d arrays"):
+        platt_fit(np.zeros(3), np.zeros(2))

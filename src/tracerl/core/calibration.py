@@ -10,7 +10,10 @@ The primitives (`brier`, `ece`, `auc`, `reliability`) take binary labels y in {0
 non-negative sample weights w. With no samples (or zero total weight) they return NaN, so an empty
 step logs NaN instead of crashing the run.
 
-Deliberately not here: recalibration (Platt, isotonic), confidence intervals, plotting.
+`platt_fit` fits Platt scaling p' = sigmoid(a z + b) on logits z, the online recalibration step of the
+numpy predictor (`HashedLogisticPredictor(recalibrate=True)`).
+
+Deliberately not here: isotonic recalibration, confidence intervals, plotting.
 """
 
 from __future__ import annotations
@@ -129,3 +132,48 @@ def calibration_metrics(p, targets, weights=None, num_bins: int = 10) -> dict[st
     """
     p, y, w = expand_soft_targets(p, targets, weights)
     return {"brier": brier(p, y, w), "ece": ece(p, y, w, num_bins), "auc": auc(p, y, w)}
+
+
+def platt_fit(z, targets, weights=None, ridge: float = 1.0, max_iter: int = 50) -> tuple[float, float]:
+    """(a, b) minimising sum_i w_i BCE(sigmoid(a z_i + b), t_i) + ridge/2 ((a - 1)^2 + b^2), by Newton's method
+    with step halving (the objective never increases, so extreme or constant z cannot make it diverge).
+
+    z: logits; targets: soft labels in [0, 1]; weights: >= 0 (default 1; a node's leaf count, so a weight-3 sample
+    with target 1/3 is the same evidence as three 0/1 samples). The ridge, counted in units of weight, pulls
+    towards the identity (a, b) = (1, 0): with no data it stays there, with z all equal a stays near 1 and b moves
+    to the weighted mean target's logit. Empty input returns (1.0, 0.0)."""
+    z = np.asarray(z, dtype=float)
+    t = np.asarray(targets, dtype=float)
+    w = np.ones_like(z) if weights is None else np.asarray(weights, dtype=float)
+    if z.shape != t.shape or z.shape != w.shape or z.ndim != 1:
+        raise ValueError(f"z {z.shape}, targets {t.shape}, weights {w.shape}: pass three 1-d arrays of one length")
+    if ridge <= 0:
+        raise ValueError(f"ridge={ridge}; use ridge > 0 (it keeps the fit defined when z carries no signal)")
+    if len(z) == 0 or w.sum() <= 0:
+        return 1.0, 0.0
+
+    def objective(a: float, b: float) -> float:
+        u = a * z + b
+        return float(np.sum(w * (np.logaddexp(0.0, u) - t * u)) + 0.5 * ridge * ((a - 1.0) ** 2 + b ** 2))
+
+    a, b = 1.0, 0.0
+    f = objective(a, b)
+    for _ in range(max_iter):
+        s = 1.0 / (1.0 + np.exp(-np.clip(a * z + b, -40.0, 40.0)))
+        r, h = w * (s - t), w * s * (1.0 - s)
+        grad = np.array([np.sum(r * z) + ridge * (a - 1.0), np.sum(r) + ridge * b])
+        hess = np.array([[np.sum(h * z * z) + ridge, np.sum(h * z)], [np.sum(h * z), np.sum(h) + ridge]])
+        step = np.linalg.solve(hess, grad)
+        scale = 1.0
+        while scale > 1e-6:
+            na, nb = a - scale * step[0], b - scale * step[1]
+            nf = objective(na, nb)
+            if nf <= f:
+                break
+            scale /= 2
+        else:
+            break
+        a, b, f = na, nb, nf
+        if np.max(np.abs(scale * step)) < 1e-8:
+            break
+    return float(a), float(b)

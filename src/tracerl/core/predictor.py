@@ -8,7 +8,7 @@ with weighted binary cross-entropy. All predictors share one interface (`Predict
 
 * `HashedLogisticPredictor` ("hashed_logistic", the default): logistic regression over
   `HashedFeatures`, Adam with L2, refit each update on a bounded FIFO replay window so it tracks a
-  moving policy.
+  moving policy, with online Platt recalibration on its own out-of-sample predictions.
 * `ConstantPredictor` ("constant"): a fixed p, or the running weighted mean of the targets.
 * `OraclePredictor` ("oracle"): the true p from a simulator; nothing to learn, nothing to save.
 
@@ -23,10 +23,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tracerl.core.calibration import platt_fit
 from tracerl.core.features import HashedFeatures, SparseBatch
 from tracerl.core.history import History
 
 P_MIN, P_MAX = 1e-4, 1 - 1e-4  # predictions are clipped here: a predictor is never certain
+CAL_LOGIT_CLIP = 8.0  # recalibration reads logits clipped to +-8 (p in [3e-4, 0.9997]): a few extreme ones cannot
+#                       dominate the (a, b) fit
 
 
 def check_targets(histories: Sequence[History], targets, weights=None) -> tuple[np.ndarray, np.ndarray]:
@@ -126,6 +129,15 @@ class HashedLogisticPredictor(Predictor):
     root_num_epochs: passes of the root head over the root window per update. Roots are one sample per prompt, so
         the head sees few mini-batches; with `num_epochs` passes it underfits (in `tracerl bench alloc`, seeds
         0-4: 2 passes gave trace 0.897 of the oracle, 6 gave 0.909, 10 gave 0.911).
+    recalibrate: pass each head's logit z through p = sigmoid(a z + b), with (a, b) refit every update
+        (`calibration.platt_fit`) on the newest `calibration_window` (z, Vhat, n) triples the head produced *before*
+        it learned from them, i.e. on its own out-of-sample predictions. On transcripts from a real policy the
+        hashed text weights memorise the prompts of the window, and on the next step's new prompts the raw
+        predictions miss the success rate by a wide margin (multihop, 12 steps of the embedded policy: raw Brier
+        0.32 and ECE 0.26, worse than a constant; recalibrated 0.246 and 0.085). Where the raw model is already
+        calibrated (the simulator) (a, b) stays near (1, 0). a > 0 keeps the ranking; a -> 0 when z carries no signal.
+    calibration_window: (z, Vhat, n) triples kept per head for the recalibration fit.
+    calibration_ridge: pull of (a, b) towards (1, 0), in samples (see `platt_fit`).
     num_epochs: passes over the window per update.
     batch_size: samples per mini-batch.
     seed: seeds the shuffling generator (its state is saved, so a resumed run continues identically).
@@ -136,6 +148,7 @@ class HashedLogisticPredictor(Predictor):
     def __init__(self, num_buckets: int = 2**14, ngram: tuple[int, int] = (1, 2), feature_seed: int = 0,
                  norm_ngrams: int = 64, prior: float = 0.5, lr: float = 0.1, l2: float = 1e-2,
                  replay_size: int = 8192, root_replay_size: int = 4096, root_head: bool = True, root_num_epochs: int = 6,
+                 recalibrate: bool = True, calibration_window: int = 2048, calibration_ridge: float = 1.0,
                  num_epochs: int = 2, batch_size: int = 256, seed: int = 0):
         if not 0 < prior < 1:
             raise ValueError(f"prior={prior}; use a probability strictly between 0 and 1 (default 0.5)")
@@ -144,6 +157,9 @@ class HashedLogisticPredictor(Predictor):
         if replay_size < 1 or root_replay_size < 0 or num_epochs < 1 or root_num_epochs < 1 or batch_size < 1:
             raise ValueError(f"replay_size={replay_size}, num_epochs={num_epochs}, root_num_epochs={root_num_epochs}, "
                              f"batch_size={batch_size}; each must be >= 1")
+        if calibration_window < 1 or calibration_ridge <= 0:
+            raise ValueError(f"calibration_window={calibration_window}, calibration_ridge={calibration_ridge}; use a "
+                             "window >= 1 and a ridge > 0 (or recalibrate=False)")
         if root_head and root_replay_size < 1:
             raise ValueError("root_head=True needs root_replay_size >= 1 (the root head fits on the root window); "
                              "set root_head=False to predict roots with the shared model")
@@ -153,6 +169,8 @@ class HashedLogisticPredictor(Predictor):
         self.replay_size, self.num_epochs, self.batch_size = int(replay_size), int(num_epochs), int(batch_size)
         self.root_num_epochs = int(root_num_epochs)
         self.root_replay_size, self.root_head = int(root_replay_size), bool(root_head)
+        self.recalibrate, self.calibration_window = bool(recalibrate), int(calibration_window)
+        self.calibration_ridge = float(calibration_ridge)
         self.seed = int(seed)
         num_cols = self.features.num_cols
         self.bias_col = self.features.column("bias")
@@ -170,14 +188,17 @@ class HashedLogisticPredictor(Predictor):
 
     # ------------------------------------------------------------------ Predictor
     def predict(self, histories: Sequence[History]) -> np.ndarray:
-        """p_i = clip(sigmoid(sum_j w_j x_ij), P_MIN, P_MAX)."""
-        x = self.features.transform(histories)
-        p = self._predict_x(x, self.heads["shared"])
-        if self.root_head:
-            roots = np.flatnonzero([h.depth == 0 for h in histories])
-            if len(roots):
-                p[roots] = self._predict_x(x.take(roots), self.heads["root"])
-        return p
+        """p_i = clip(sigmoid(a z_i + b), P_MIN, P_MAX), z_i = sum_j w_j x_ij of the row's head ((a, b) = (1, 0)
+        without recalibration)."""
+        z, heads = self._logits(self.features.transform(histories), histories)
+        p = np.empty(len(histories))
+        for name, rows in heads.items():
+            head = self.heads[name]
+            if self.recalibrate:
+                p[rows] = _sigmoid(head.cal_a * np.clip(z[rows], -CAL_LOGIT_CLIP, CAL_LOGIT_CLIP) + head.cal_b)
+            else:
+                p[rows] = _sigmoid(z[rows])
+        return np.clip(p, P_MIN, P_MAX)
 
     def update(self, histories: Sequence[History], targets, weights=None) -> dict[str, float]:
         """Append (x(h), Vhat, n) to the replay window and refit; returns loss_new (BCE on the new samples
@@ -185,6 +206,11 @@ class HashedLogisticPredictor(Predictor):
         targets, weights = check_targets(histories, targets, weights)
         loss_new = weighted_bce(self.predict(histories), targets, weights)
         x_new = self.features.transform(histories)
+        if self.recalibrate:  # the logits of samples the heads have not learned from yet
+            z, heads = self._logits(x_new, histories)
+            for name, rows in heads.items():
+                self.heads[name].recalibrate(z[rows], targets[rows], weights[rows], self.calibration_window,
+                                             self.calibration_ridge)
         is_root = np.array([h.depth == 0 for h in histories], dtype=bool) if self.root_replay_size \
             else np.zeros(len(histories), dtype=bool)
         self._append(x_new, targets, weights, is_root)
@@ -201,7 +227,8 @@ class HashedLogisticPredictor(Predictor):
                 "feature_seed": self.features.seed, "norm_ngrams": self.features.norm_ngrams,
                 "prior": self.prior, "lr": self.lr, "l2": self.l2, "replay_size": self.replay_size,
                 "root_replay_size": self.root_replay_size, "root_head": self.root_head,
-                "root_num_epochs": self.root_num_epochs,
+                "root_num_epochs": self.root_num_epochs, "recalibrate": self.recalibrate,
+                "calibration_window": self.calibration_window, "calibration_ridge": self.calibration_ridge,
                 "num_epochs": self.num_epochs, "batch_size": self.batch_size, "seed": self.seed}
 
     def state_dict(self) -> dict[str, Any]:
@@ -235,7 +262,20 @@ class HashedLogisticPredictor(Predictor):
         self.replay_is_root = np.array(state["replay_is_root"], dtype=bool)
 
     # ------------------------------------------------------------------ internals
+    def _logits(self, x: SparseBatch, histories: Sequence[History]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Raw logits z (len(histories),) and the rows each head predicts: bare prompts go to the root head
+        when there is one, everything else to the shared head."""
+        z = x.dot(self.heads["shared"].weights)
+        if not self.root_head:
+            return z, {"shared": np.arange(len(histories))}
+        is_root = np.array([h.depth == 0 for h in histories], dtype=bool)
+        roots = np.flatnonzero(is_root)
+        if len(roots):
+            z[roots] = x.take(roots).dot(self.heads["root"].weights)
+        return z, {"shared": np.flatnonzero(~is_root), "root": roots}
+
     def _predict_x(self, x: SparseBatch, head: "_Head") -> np.ndarray:
+        """The head's raw (uncalibrated) probabilities: what its fit minimises the BCE of."""
         return np.clip(_sigmoid(x.dot(head.weights)), P_MIN, P_MAX)
 
     def _fit(self, head: "_Head", rows: np.ndarray, num_epochs: int) -> None:
@@ -284,7 +324,8 @@ class HashedLogisticPredictor(Predictor):
 
 
 class _Head:
-    """One logistic weight vector with its Adam moments; the bias starts at logit(prior), all else at 0."""
+    """One logistic weight vector with its Adam moments; the bias starts at logit(prior), all else at 0.
+    Plus its Platt recalibration (a, b) and the window of out-of-sample (z, Vhat, n) it is fit on."""
 
     def __init__(self, num_cols: int, bias_col: int, prior: float):
         self.weights = np.zeros(num_cols)
@@ -292,16 +333,28 @@ class _Head:
         self.adam_m = np.zeros(num_cols)
         self.adam_v = np.zeros(num_cols)
         self.num_steps = 0  # Adam steps taken (for bias correction)
+        self.cal_a, self.cal_b = 1.0, 0.0
+        self.cal_z, self.cal_t, self.cal_w = np.zeros(0), np.zeros(0), np.zeros(0)
+
+    def recalibrate(self, z: np.ndarray, targets: np.ndarray, weights: np.ndarray, window: int, ridge: float) -> None:
+        """Append out-of-sample triples (FIFO, newest `window` kept) and refit (a, b)."""
+        self.cal_z = np.concatenate([self.cal_z, np.clip(z, -CAL_LOGIT_CLIP, CAL_LOGIT_CLIP)])[-window:]
+        self.cal_t = np.concatenate([self.cal_t, targets])[-window:]
+        self.cal_w = np.concatenate([self.cal_w, weights])[-window:]
+        self.cal_a, self.cal_b = platt_fit(self.cal_z, self.cal_t, self.cal_w, ridge=ridge)
 
     def state(self) -> dict[str, Any]:
         return {"weights": self.weights.copy(), "adam_m": self.adam_m.copy(), "adam_v": self.adam_v.copy(),
-                "num_steps": self.num_steps}
+                "num_steps": self.num_steps, "cal_a": self.cal_a, "cal_b": self.cal_b, "cal_z": self.cal_z.copy(),
+                "cal_t": self.cal_t.copy(), "cal_w": self.cal_w.copy()}
 
     def load(self, state: dict[str, Any]) -> None:
         self.weights = np.array(state["weights"], dtype=float)
         self.adam_m = np.array(state["adam_m"], dtype=float)
         self.adam_v = np.array(state["adam_v"], dtype=float)
         self.num_steps = int(state["num_steps"])
+        self.cal_a, self.cal_b = float(state["cal_a"]), float(state["cal_b"])
+        self.cal_z, self.cal_t, self.cal_w = (np.array(state[k], dtype=float) for k in ("cal_z", "cal_t", "cal_w"))
 
 
 class ConstantPredictor(Predictor):
@@ -391,7 +444,8 @@ PREDICTORS: dict[str, type[Predictor]] = {
 def make_predictor(name: str, **kwargs: Any) -> Predictor:
     """Build the registered predictor `name` with constructor kwargs (e.g. `make_predictor("constant", p=0.3)`)."""
     if name not in PREDICTORS:
-        raise ValueError(f"unknown predictor {name!r}; known predictors: {', '.join(sorted(PREDICTORS))}")
+        raise ValueError(f"unknown predictor {name!r}; known predictors: {', '.join(sorted(PREDICTORS))} "
+                         "(the neural ones register on `import tracerl.predictors`)")
     return PREDICTORS[name](**kwargs)
 
 
