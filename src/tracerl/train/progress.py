@@ -50,3 +50,5 @@ def print_summary(result: dict[str, Any]) -> None:
     ratio = f" = {result['improvement'] / se:+.1f} x the larger SE" if se > 0 else ""
     print(f"improvement: {result['improvement']:+.1%}{ratio} (paired SE of the difference "
           f"{result['improvement_se']:.1%}); run directory {result['out_dir']}")
+    if result.get("report"):
+        print(f"report: {result['report']} (trees: tracerl view {result['out_dir']})")

@@ -1,0 +1,239 @@
+"""`tracerl report`: one run's `report.md` and its PNG figures, written into the run directory.
+
+From `metrics.jsonl`: training success (`rollout/success_rate`) and held-out success (`eval/success`, error bars
+`eval/success_se`) per step (`success.png`), and the effective ratio per step (`effective_ratio.png`). From the
+saved trees (`trees/step-*.json.gz`, `run.save_trees=true`):
+
+- predictor calibration (`calibration.png`): every node that carries a prediction (`p_pred`: roots scored by stage 1,
+  prefixes scored as stage-2 candidates) against its natural backed-up success (`Tree.natural_backup().vhat`, weight
+  = its leaf count), i.e. what the predictor said against what then happened, with Brier, ECE and AUC from
+  `tracerl.core.calibration`. Methods without a predictor (grpo, treepo) have no p; the report says so;
+- the budget split per step (`budget.png`): roots = the sum of stage-1 grants (1 unit each), prefixes = the sum of
+  stage-2 grants x `allocation.continuation_cost` from `config.json`, next to the logged `rollout/units`.
+
+`write_run_report(run_dir)` is meant to be called at the end of `tracerl train` and per run by `tracerl compare`.
+Deliberately not here: comparisons across runs (`tracerl.report.compare`), the trees themselves
+(`tracerl.report.view`), and any recomputation of training metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracerl.core.calibration import calibration_metrics, expand_soft_targets, reliability
+from tracerl.core.tree import Tree
+from tracerl.io.runlog import read_metrics, read_trees
+from tracerl.report.view import tree_steps
+
+REPORT_FILE = "report.md"
+FIGURES = {"success": "success.png", "effective_ratio": "effective_ratio.png", "calibration": "calibration.png",
+           "budget": "budget.png"}
+DEFAULT_CONTINUATION_COST = 0.5  # AllocationConfig's default, used only when a run has no config.json
+
+
+def _value(row: dict[str, Any], key: str) -> float:
+    v = row.get(key)
+    return float("nan") if v is None else float(v)
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """Metrics rows, config and per-step tree summaries of one run directory."""
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is not a directory; pass a run directory written by `tracerl train`")
+    rows = read_metrics(run_dir)
+    config_path = run_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    cost = float(config.get("allocation", {}).get("continuation_cost", DEFAULT_CONTINUATION_COST))
+    try:
+        steps = tree_steps(run_dir)
+    except ValueError:
+        steps = []
+    budget, preds, method, domain = [], [], config.get("method"), config.get("data", {}).get("domain")
+    for step in steps:
+        record = read_trees(run_dir, step)
+        method, domain = method or record.get("method"), domain or record.get("domain")
+        roots = prefixes = 0
+        for raw in record.get("trees", []):
+            tree = Tree.from_dict(raw)
+            roots += tree.root.num_granted
+            prefixes += sum(n.num_granted for n in tree.nodes[1:])
+            natural = tree.natural_backup()
+            for node in tree.nodes:
+                n = int(natural.num_leaves[node.node_id])
+                if node.p_pred is not None and n > 0:
+                    preds.append((step, node.node_id == 0, float(node.p_pred), float(natural.vhat[node.node_id]), n))
+        budget.append({"step": step, "root_units": float(roots), "num_continuations": int(prefixes),
+                       "prefix_units": prefixes * cost})
+    logged = {r["step"]: r.get("rollout/units") for r in rows if r["kind"] == "train"}
+    for b in budget:
+        b["logged_units"] = logged.get(b["step"])
+    return {"dir": run_dir, "train": [r for r in rows if r["kind"] == "train"],
+            "eval": [r for r in rows if r["kind"] == "eval"], "config": config, "has_config": bool(config),
+            "continuation_cost": cost, "tree_steps": steps, "budget": budget,
+            "predictions": np.array(preds, dtype=float).reshape(-1, 5), "method": method or "unknown",
+            "domain": domain or "unknown"}
+
+
+def calibration_summary(pred: np.ndarray) -> dict[str, dict[str, float]]:
+    """Brier / ECE / AUC and counts for all predicted nodes, roots only and prefixes only."""
+    out = {}
+    for name, keep in (("all", np.ones(len(pred), bool)), ("roots", pred[:, 1] == 1), ("prefixes", pred[:, 1] == 0)):
+        sel = pred[keep]
+        if len(sel):
+            metrics = calibration_metrics(sel[:, 2], sel[:, 3], sel[:, 4])
+            out[name] = {**metrics, "num_nodes": int(len(sel)), "num_leaves": int(sel[:, 4].sum()),
+                         "mean_p": float(np.average(sel[:, 2], weights=sel[:, 4])),
+                         "mean_success": float(np.average(sel[:, 3], weights=sel[:, 4]))}
+    return out
+
+
+def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
+    """The figures the run's data allows, keyed as in FIGURES."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: dict[str, Path] = {}
+    train, evals = run["train"], run["eval"]
+    if train or evals:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        if train:
+            ax.plot([r["step"] for r in train], [_value(r, "rollout/success_rate") for r in train], ".-",
+                    label="training rollouts (rollout/success_rate)")
+        if evals:
+            ax.errorbar([r["step"] for r in evals], [_value(r, "eval/success") for r in evals],
+                        yerr=[_value(r, "eval/success_se") for r in evals], fmt="o-", capsize=3,
+                        label="held-out (eval/success ± SE)")
+        _finish(ax, "step", "success rate", "success over training", (0, 1))
+        paths["success"] = _save(plt, fig, out / FIGURES["success"])
+    if train:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["step"] for r in train], [_value(r, "alloc/effective_ratio") for r in train], "o-")
+        _finish(ax, "step", "effective ratio (mixed trees / prompts)", "effective ratio per step", (0, 1), legend=False)
+        paths["effective_ratio"] = _save(plt, fig, out / FIGURES["effective_ratio"])
+    pred = run["predictions"]
+    if len(pred):
+        fig, (ax, hist) = plt.subplots(2, 1, figsize=(6, 6), height_ratios=(3, 1), sharex=True)
+        ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", label="perfect calibration")
+        for name, keep, marker in (("roots", pred[:, 1] == 1, "o"), ("prefixes", pred[:, 1] == 0, "s")):
+            sel = pred[keep]
+            if not len(sel):
+                continue
+            p, y, w = expand_soft_targets(sel[:, 2], sel[:, 3], sel[:, 4])
+            _, mean_p, mean_y, mass = reliability(p, y, w)
+            ok = ~np.isnan(mean_p)
+            ax.plot(mean_p[ok], mean_y[ok], marker=marker, label=f"{name} ({len(sel)} nodes)")
+            hist.hist(sel[:, 2], bins=10, range=(0, 1), weights=sel[:, 4], alpha=0.5, label=name)
+        _finish(ax, "", "natural backed-up success", "predictor calibration (saved trees)", (0, 1))
+        ax.set_xlim(0, 1)
+        hist.set_xlabel("predicted p (p_pred)")
+        hist.set_ylabel("leaves")
+        hist.grid(alpha=0.3)
+        paths["calibration"] = _save(plt, fig, out / FIGURES["calibration"])
+    if run["budget"]:
+        b = run["budget"]
+        steps = np.array([x["step"] for x in b])
+        roots, prefixes = np.array([x["root_units"] for x in b]), np.array([x["prefix_units"] for x in b])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.bar(steps, roots, label="roots (stage 1)")
+        ax.bar(steps, prefixes, bottom=roots, label=f"prefixes (stage 2, x{run['continuation_cost']:g})")
+        _finish(ax, "step", "budget units", "budget split per step", None)
+        paths["budget"] = _save(plt, fig, out / FIGURES["budget"])
+    return paths
+
+
+def _finish(ax, xlabel: str, ylabel: str, title: str, ylim, legend: bool = True) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict[str, dict[str, float]]) -> str:
+    train, evals = run["train"], run["eval"]
+    lines = [f"# Run report: {run['dir'].resolve().name}", "",
+             f"Method `{run['method']}`, domain `{run['domain']}`, {len(train)} training steps, {len(evals)} "
+             f"evaluations, trees saved for {len(run['tree_steps'])} steps.", ""]
+    lines += ["## Success", ""]
+    if evals:
+        first, last = evals[0], evals[-1]
+        lines.append(f"Held-out success (eval/success ± SE): {_pct(first.get('eval/success'))} ± "
+                     f"{_pct(first.get('eval/success_se'))} at step {first['step']} -> "
+                     f"{_pct(last.get('eval/success'))} ± {_pct(last.get('eval/success_se'))} at step {last['step']}.")
+    if train:
+        lines.append(f"Training rollouts (rollout/success_rate): {_pct(train[0].get('rollout/success_rate'))} at "
+                     f"step {train[0]['step']} -> {_pct(train[-1].get('rollout/success_rate'))} at step "
+                     f"{train[-1]['step']}.")
+    lines += [""] + ([f"![training and held-out success per step]({FIGURES['success']})", ""]
+                     if "success" in figures else ["No training or evaluation rows in metrics.jsonl.", ""])
+    lines += ["## Effective ratio", ""]
+    if "effective_ratio" in figures:
+        ratios = [_value(r, "alloc/effective_ratio") for r in train]
+        lines += [f"Share of selected prompts whose tree is mixed; mean over steps {np.nanmean(ratios):.3f}.", "",
+                  f"![effective ratio per step]({FIGURES['effective_ratio']})", ""]
+    else:
+        lines += ["No training steps logged.", ""]
+    lines += ["## Predictor calibration", ""]
+    if not run["tree_steps"]:
+        lines += ["No saved trees (train with run.save_trees=true): calibration needs them.", ""]
+    elif "calibration" not in figures:
+        lines += [f"Method `{run['method']}` has no predictor (p is None in the saved trees): nothing to "
+                  "calibrate.", ""]
+    else:
+        lines += ["Each node with a prediction (roots scored by stage 1, prefixes scored as stage-2 candidates) "
+                  "against its natural backed-up success (`Tree.natural_backup`), weighted by its leaves, over all "
+                  "saved steps.", "", "| nodes | count | leaves | mean p | mean success | Brier | ECE | AUC |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, c in calibration.items():
+            lines.append(f"| {name} | {c['num_nodes']} | {c['num_leaves']} | {c['mean_p']:.3f} | "
+                         f"{c['mean_success']:.3f} | {c['brier']:.4f} | {c['ece']:.4f} | {c['auc']:.3f} |")
+        lines += ["", f"![reliability diagram of the predictor]({FIGURES['calibration']})", ""]
+    lines += ["## Budget split", ""]
+    if not run["budget"]:
+        lines += ["No saved trees (train with run.save_trees=true): the budget split needs them.", ""]
+    else:
+        cost_note = "" if run["has_config"] else " (no config.json: the default cost)"
+        lines += [f"Roots: stage-1 rollouts at 1 unit; prefixes: stage-2 continuations at "
+                  f"{run['continuation_cost']:g} units{cost_note}.", "",
+                  "| step | root units | continuations | prefix units | total | prefix share | logged rollout/units |",
+                  "|---|---|---|---|---|---|---|"]
+        for b in run["budget"]:
+            total = b["root_units"] + b["prefix_units"]
+            logged = "-" if b["logged_units"] is None else f"{b['logged_units']:g}"
+            share = f"{b['prefix_units'] / total:.1%}" if total else "-"
+            lines.append(f"| {b['step']} | {b['root_units']:g} | {b['num_continuations']} | {b['prefix_units']:g} | "
+                         f"{total:g} | {share} | {logged} |")
+        lines += ["", f"![budget split between roots and prefixes per step]({FIGURES['budget']})", ""]
+    return "\n".join(lines)
+
+
+def write_run_report(run_dir: str | Path) -> Path:
+    """Write `<run>/report.md` and its figures (see the module docstring); return the report's path."""
+    run_dir = Path(run_dir)
+    run = read_run(run_dir)
+    figures = plot_run(run, run_dir)
+    calibration = calibration_summary(run["predictions"]) if len(run["predictions"]) else {}
+    path = run_dir / REPORT_FILE
+    path.write_text(to_markdown(run, figures, calibration) + "\n")
+    return path
