@@ -1,0 +1,72 @@
+"""Fixtures for the neural predictors: tiny local encoder / causal-LM directories built from configs (no download).
+
+Importing `tracerl.predictors` registers "minilm_head" and "lm_value" in the global registry. Other test folders
+assert the registry's exact contents, so the registration is undone right after import here and redone only for
+the duration of each test in this folder.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the neural predictors need torch: pip install -e '.[neural]'")
+pytest.importorskip("transformers", reason="the neural predictors need transformers: pip install -e '.[neural]'")
+
+from tracerl.core.predictor import PREDICTORS  # noqa: E402
+
+_BEFORE = dict(PREDICTORS)
+import tracerl.predictors  # noqa: E402,F401  (registers, then we undo it below)
+
+NEURAL = {name: PREDICTORS[name] for name in ("minilm_head", "lm_value")}
+PREDICTORS.clear()
+PREDICTORS.update(_BEFORE)
+
+TEXTS = [f"task family {i % 5} level plus{i % 7} item {i}\nthink call tool {i % 4}\nresult ok" for i in range(40)]
+
+
+@pytest.fixture(autouse=True)
+def neural_registered():
+    """Register the neural predictors for this test only; restore the registry afterwards."""
+    saved = dict(PREDICTORS)
+    PREDICTORS.update(NEURAL)
+    torch.set_num_threads(1)
+    yield
+    PREDICTORS.clear()
+    PREDICTORS.update(saved)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    from tracerl.io.tokenizer import train_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(TEXTS + ["good bad outcome"] * 3, vocab_size=400).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory, tokenizer_dir):
+    """A random 2-layer Qwen3 (hidden 32) saved with save_pretrained, and the tokenizer beside it."""
+    from transformers import AutoTokenizer
+
+    from tracerl.engines.tiny import tiny_qwen3
+
+    path = tmp_path_factory.mktemp("tiny-lm")
+    tiny_qwen3(vocab_size=512, hidden_size=32, num_heads=2, num_kv_heads=1, seed=0).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory, tokenizer_dir):
+    """A random 1-layer BERT (hidden 32) with the trained BPE tokenizer: the layout all-MiniLM-L6-v2 ships in."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-encoder")
+    config = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+    return path

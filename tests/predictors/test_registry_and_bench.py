@@ -1,0 +1,74 @@
+"""Registration on import, the core's unknown-name hint, and `tracerl bench predictors` end to end (small)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+
+from tracerl.core.predictor import PREDICTORS, make_predictor
+
+
+def test_importing_the_package_registers_both(monkeypatch):
+    import tracerl.predictors
+
+    for name in ("minilm_head", "lm_value"):
+        monkeypatch.delitem(PREDICTORS, name)
+    importlib.reload(tracerl.predictors)
+    assert PREDICTORS["minilm_head"].__name__ == "EncoderHeadPredictor"
+    assert PREDICTORS["lm_value"].__name__ == "LMValuePredictor"
+
+
+def test_unknown_name_points_at_the_neural_package():
+    with pytest.raises(ValueError, match="import tracerl.predictors"):
+        make_predictor("no_such_predictor")
+
+
+def test_bench_on_the_simulator(tmp_path):
+    from tracerl.bench.predictors import PredictorBenchConfig, run, to_markdown
+
+    cfg = PredictorBenchConfig(predictors=("constant", "hashed_logistic", "lm_value"), num_steps=3, warmup_steps=1)
+    result = run(cfg)
+    assert list(result["predictors"]) == ["constant", "hashed_logistic", "lm_value"]
+    for name, row in result["predictors"].items():
+        assert 0 <= row["brier"] <= 1 and 0 <= row["ece"] <= 1 and 0 <= row["auc"] <= 1, (name, row)
+        assert row["num_prefixes"] == 3 * result["nodes_per_step"]
+        assert row["predict_s_per_1k"] >= 0 and math.isfinite(row["update_s_per_1k"])
+    # a running mean ranks nothing; the numpy model learns from the text
+    assert result["predictors"]["hashed_logistic"]["auc"] > result["predictors"]["constant"]["auc"] + 0.1
+    table = to_markdown(result)
+    assert "| lm_value |" in table and "not a quality claim" in table
+
+
+def test_bench_replays_a_runs_saved_trees(tmp_path):
+    from tracerl.bench.predictors import PredictorBenchConfig, record_run, record_simulator
+    from tracerl.core.allocation import BudgetLedger
+    from tracerl.core.growth import grow_trees
+    from tracerl.core.methods import get_method
+    from tracerl.core.simulator import Simulator
+    from tracerl.io.runlog import write_trees
+
+    cfg = PredictorBenchConfig(num_steps=2)
+    sim, alloc = Simulator(cfg.sim, seed=0), cfg.allocation
+    expected = []
+    for step in range(2):
+        pool = sim.set_pool(np.arange(step * alloc.pool_size, (step + 1) * alloc.pool_size))
+        grown = grow_trees(get_method("grpo"), alloc, pool, None, sim,
+                           BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost),
+                           np.random.default_rng(step))
+        write_trees(tmp_path, step, {"trees": [t.to_dict() for t in grown.trees]})
+        expected.append(grown.trees)
+    steps = record_run(tmp_path)
+    assert len(steps) == 2
+    from tracerl.core.metrics import predictor_targets
+
+    for (histories, targets, weights), trees in zip(steps, expected):
+        h2, t2, w2 = predictor_targets(trees)
+        assert [h.text for h in histories] == [h.text for h in h2]
+        np.testing.assert_array_equal(targets, t2)
+        np.testing.assert_array_equal(weights, w2)
+    assert len(record_simulator(cfg)) == 2
+    with pytest.raises(ValueError, match="save_trees"):
+        record_run(tmp_path / "empty")
