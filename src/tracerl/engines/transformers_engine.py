@@ -25,6 +25,7 @@ change to the model.
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -210,6 +211,9 @@ class TransformersEngine:
                                       f"OpenAI-compatible engine")
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        # transformers renamed forward's `past_key_values` to `cache` in 5.24 (the old name goes in 5.40)
+        forward_args = inspect.signature(self.model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
         self.vocab_size = int(config.vocab_size)
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.max_batch_size = max_batch_size
@@ -349,7 +353,7 @@ class TransformersEngine:
                  cache: Cache) -> torch.Tensor:
         self.stats["forward_passes"] += 1
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
         return out.logits[:, -1]  # (B, V): each row's last position (suffixes are left-padded to end together)
 
     def _prefill(self, prefixes: list[np.ndarray], capacity_extra: int) -> tuple[Cache, torch.Tensor, torch.Tensor]:
