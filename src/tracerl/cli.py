@@ -36,6 +36,28 @@ def _bench_alloc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_predictors(args: argparse.Namespace) -> int:
+    from tracerl.bench import predictors
+
+    cfg = predictors.PredictorBenchConfig(seed=args.seed, run_dir=args.run_dir)
+    if args.predictors:
+        cfg = replace(cfg, predictors=tuple(n.strip() for n in args.predictors.split(",") if n.strip()))
+    if args.steps is not None:
+        cfg = replace(cfg, num_steps=args.steps)
+    if args.warmup is not None:
+        cfg = replace(cfg, warmup_steps=args.warmup)
+    if any(n in ("minilm_head", "lm_value") for n in cfg.predictors):
+        try:
+            import tracerl.predictors  # noqa: F401
+        except ImportError as err:
+            raise SystemExit(f"the neural predictors need torch and transformers: pip install -e '.[neural]' ({err})")
+    print(f"bench predictors: {', '.join(cfg.predictors)} on {args.run_dir or 'the simulator'} ...",
+          file=sys.stderr, flush=True)
+    result = predictors.run(cfg, progress=lambda name, s: print(f"  {name:<16} done in {s:.1f}s", file=sys.stderr))
+    print(json.dumps(_finite(result)) if args.json else predictors.to_markdown(result))
+    return 0
+
+
 def _bench_engine(args: argparse.Namespace) -> int:
     try:
         from tracerl.bench import engine
@@ -79,6 +101,8 @@ def _train_config(args: argparse.Namespace):
     overrides = list(args.set or [])
     if getattr(args, "out", None):
         overrides.append(f"run.out_dir={args.out}")
+    if getattr(args, "executor", None):
+        overrides.append(f"run.executor={args.executor}")
     return load_config(args.config, overrides)
 
 
@@ -166,6 +190,37 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view(args: argparse.Namespace) -> int:
+    from tracerl.report.view import serve_file, write_view
+
+    path = write_view(args.run_dir, step=args.step, out=args.out, all_steps=args.all_steps)
+    print(path)
+    if args.serve:
+        serve_file(path, port=args.port, say=_say)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tracerl.report.run_report import write_run_report
+
+    print(write_run_report(args.run_dir))
+    return 0
+
+
+def _bench_view(args: argparse.Namespace) -> int:
+    from tracerl.bench import view
+
+    cfg = view.ViewBenchConfig(num_prompts=args.num_prompts, repeats=args.repeats)
+    print(f"bench view: {cfg.num_prompts}-prompt synthetic step, rendered in headless chromium ...", file=sys.stderr,
+          flush=True)
+    try:
+        result = view.run(cfg)
+    except RuntimeError as err:  # no chromium, chromedriver or selenium: the message says what to install
+        raise SystemExit(f"tracerl bench view: {err}")
+    print(json.dumps(_finite(result)) if args.json else view.to_markdown(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracerl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,10 +247,25 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "models, where the MLPs outweigh the dense tree mask")
     p.set_defaults(func=_bench_pack)
 
+    p = bench.add_parser("predictors", help="success predictors (numpy, MiniLM head, LM value head) trained online "
+                                            "on one recorded sequence of steps: calibration and cost")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
+    p.add_argument("--run-dir", help="replay this training run's saved trees (run.save_trees=true) instead of "
+                                     "the simulator")
+    p.add_argument("--predictors", help="comma-separated predictor names (default: constant,hashed_logistic,"
+                                        "minilm_head,lm_value)")
+    p.add_argument("--steps", type=int, help="simulated steps to record (default 16)")
+    p.add_argument("--warmup", type=int, help="steps before measures are pooled (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench_predictors)
+
     p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")
     _add_run_options(p)
     p.add_argument("--out", help="run directory (default: runs/{method}-seed{seed})")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument("--executor", choices=("local", "ray"),
+                   help="where rollouts run: in this process, or on Ray workers that are clients of policy.base_url "
+                        "(= --set run.executor=...; run.num_workers and run.ray_address set the rest)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="held-out success of a policy (the run's latest checkpoint with --checkpoint)")
@@ -218,6 +288,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)
+
+    p = sub.add_parser("view", help="a step's rollout trees as one self-contained HTML page")
+    p.add_argument("run_dir", help="a run directory written by tracerl train (with run.save_trees=true)")
+    p.add_argument("--step", type=int, help="the step to show (default: the last step with saved trees)")
+    p.add_argument("--all-steps", action="store_true", help="embed every saved step, with a step selector")
+    p.add_argument("--out", help="the HTML file (default: <run>/view-step-NNNNNN.html, or <run>/view-all.html)")
+    p.add_argument("--serve", action="store_true", help="serve the page on http://127.0.0.1:PORT/ until Ctrl-C")
+    p.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port)")
+    p.set_defaults(func=_view)
+
+    p = sub.add_parser("report", help="a run's report.md with plots: success, effective ratio, calibration, budget")
+    p.add_argument("run_dir", help="a run directory written by tracerl train")
+    p.set_defaults(func=_report)
+
+    p = bench.add_parser("view", help="time the tree viewer's first render of a large step in headless chromium")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
+    p.add_argument("--num-prompts", type=int, default=200, help="trees in the synthetic step (~15 nodes each)")
+    p.add_argument("--repeats", type=int, default=3, help="page loads; the median counts")
+    p.set_defaults(func=_bench_view)
 
     p = sub.add_parser("serve", help="OpenAI-compatible /v1/completions on token ids over TransformersEngine")
     p.add_argument("--model", required=True, help='a local model directory (save_pretrained) or "embedded"')

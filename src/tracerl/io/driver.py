@@ -66,7 +66,7 @@ class ReActDriver:
         self.rows = list(rows)
         self._snapshots.clear()
         self._prefix_len.clear()
-        return [History(text=row["prompt"][-1]["content"], prompt_id=_prompt_id(row)) for row in self.rows]
+        return [History(text=row["prompt"][-1]["content"], prompt_id=prompt_id(row)) for row in self.rows]
 
     # ------------------------------------------------------------------ RolloutRunner
     def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
@@ -77,7 +77,7 @@ class ReActDriver:
             question = env.reset(row)
             messages = [m for m in row["prompt"] if m["role"] == "system"] + [{"role": "user", "content": question}]
             ids = self.renderer.prompt_ids(messages, env.tools())
-            tree = Tree.new(_prompt_id(row), Segment(ids, [0.0] * len(ids), [0] * len(ids), "", question),
+            tree = Tree.new(prompt_id(row), Segment(ids, [0.0] * len(ids), [0] * len(ids), "", question),
                             meta={"pool_index": int(pool_index), "data_source": row.get("data_source", "")})
             self._remember(tree, 0, env, len(ids))
             trees.append(tree)
@@ -189,6 +189,7 @@ class ReActDriver:
         return True
 
 
-def _prompt_id(row: dict[str, Any]) -> str:
+def prompt_id(row: dict[str, Any]) -> str:
+    """A row's id in trees and histories, "<data_source>:<split>:<index>" (shared with the Ray rollout workers)."""
     extra = row.get("extra_info", {})
     return f"{row.get('data_source', '')}:{extra.get('split', '')}:{extra.get('index', '')}"

@@ -10,6 +10,7 @@ This module holds no torch code; it sits in `train` because it names the trainer
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,17 @@ class RunConfig:
     tensorboard: bool = True  # also write TensorBoard event files (needs tensorboardX)
     save_trees: bool = True  # write each step's pool and trees to <run>/trees/ (for `tracerl view`; ~0.3 MB a step)
     progress: bool = True  # a progress bar with the key figures on stderr
+    executor: str = "local"  # "local": rollouts in this process; "ray": on Ray actors, clients of policy.base_url
+    num_workers: int = 2  # executor="ray": rollout worker processes, 1 Ray CPU each; fixed for a run (seeds per worker)
+    ray_address: str = ""  # executor="ray": "" = a loopback-only local cluster; "auto" or ray://host:port = yours
 
     def __post_init__(self) -> None:
+        if self.executor not in ("local", "ray"):
+            raise ValueError(f"run.executor={self.executor!r}; use 'local' (in process) or 'ray' (rollout workers)")
+        if self.num_workers < 1:
+            raise ValueError(f"run.num_workers={self.num_workers} must be >= 1")
+        if self.executor == "ray" and not _has_ray():
+            raise ValueError("run.executor='ray' needs Ray: pip install -e \".[ray]\" (or set run.executor=local)")
         if self.num_steps < 1 or self.eval_prompts < 2 or self.eval_samples < 1 or self.checkpoint_every < 1:
             raise ValueError(f"run.num_steps={self.num_steps}, run.checkpoint_every={self.checkpoint_every} and "
                              f"run.eval_samples={self.eval_samples} must be >= 1 and run.eval_prompts="
@@ -120,12 +130,21 @@ class OptimConfig:
             raise ValueError(f"optim.agg={self.agg!r}; use token-mean or seq-mean-token-mean")
 
 
+NEURAL_PREDICTORS = ("minilm_head", "lm_value")  # registered by importing tracerl.predictors (torch)
+
+
 @dataclass(frozen=True)
 class PredictorConfig:
     name: str = "hashed_logistic"  # a registered predictor (tracerl.core.predictor.PREDICTORS)
     options: dict = field(default_factory=lambda: {"l2": 1e-3})  # its constructor options (see its docstring)
 
     def __post_init__(self) -> None:
+        if self.name in NEURAL_PREDICTORS and self.name not in PREDICTORS:
+            try:
+                import tracerl.predictors  # noqa: F401  (registers the neural predictors)
+            except ImportError as err:
+                raise ValueError(f"predictor.name={self.name!r} needs torch and transformers: "
+                                 f"pip install -e '.[neural]' ({err})") from err
         if self.name not in PREDICTORS or self.name == "oracle":
             raise ValueError(f"predictor.name={self.name!r}; use one of "
                              f"{sorted(set(PREDICTORS) - {'oracle'})} (the oracle exists only in the simulator)")
@@ -155,6 +174,10 @@ class TrainConfig:
         if self.policy.model == "embedded" and self.data.domain != "multihop":
             raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
                              "is trained on multihop only; set policy.model to a local Hugging Face model directory")
+        if self.run.executor == "ray" and self.policy.engine != "openai":
+            raise ValueError(f"run.executor='ray' with policy.engine={self.policy.engine!r}: the rollout workers are "
+                             "clients of a generation server; set policy.engine=openai and policy.base_url=http://"
+                             "host:port of `tracerl serve` (or vLLM, SGLang), or use run.executor=local")
         model = self.policy.model
         if model != "embedded" and not (model and Path(model).is_dir()) and not _looks_like_hub_id(model):
             raise ValueError(f"policy.model={model!r} is neither 'embedded', a local model directory nor a hub id "
@@ -165,6 +188,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+def _has_ray() -> bool:
+    """Whether Ray is importable (a folder named ray on sys.path, e.g. tests/ray, is a namespace package, not Ray)."""
+    spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
 
 
 def _looks_like_hub_id(name: str) -> bool:

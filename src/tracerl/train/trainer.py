@@ -6,8 +6,9 @@
     -> predictor scored on the step's fresh nodes, then updated -> advantages -> policy update
 
 Allocation, advantages and measures are the pure functions of `tracerl.core` (the same ones `tracerl bench
-alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine`; the update is the
-clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees.
+alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
+this process or (run.executor="ray") on `RayRolloutRunner` workers that stay up for the whole run; the update is
+the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees.
 
 Every step's sampling draws on seeds derived from (run seed, step), and every other random state (data order,
 allocation, predictor) is saved in the checkpoint, so a run resumed from a checkpoint produces the same metrics
@@ -21,6 +22,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,8 @@ class Trainer:
         self.step = 0
         self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
+        self.ray_runner = None  # run.executor="ray": the rollout workers, started by the first step (`start_workers`)
+        self.owns_ray = False  # whether this trainer started the local Ray cluster (and so shuts it down in `close`)
 
     def _make_engine(self):
         cfg = self.config.policy
@@ -119,6 +123,56 @@ class Trainer:
         tmp.replace(path)
         self.engine.load_weights(str(path.resolve()))
 
+    def start_workers(self):
+        """The run's `RayRolloutRunner` (run.executor="ray"), built on first use and kept until `close`: num_workers
+        clients of policy.base_url, each with the policy's tokenizer (saved to <run>/tokenizer), domain and limits.
+
+        Ray: the one this process already initialised, else the cluster at run.ray_address, else a loopback-only
+        local cluster with a CPU per worker (a reservation, not cores: workers mostly wait on the server) and a
+        100 MiB object store (a step's pool and trees are a few MB)."""
+        if self.ray_runner is not None:
+            return self.ray_runner
+        import ray
+
+        from tracerl.executors import RayRolloutRunner, start_ray
+
+        run, cfg = self.config.run, self.config.policy
+        if ray.is_initialized():
+            self.say("rollout workers on the Ray cluster this process already uses")
+        else:
+            start_ray(run.ray_address or None, num_cpus=run.num_workers, object_store_bytes=100 * 2**20)
+            self.owns_ray = True
+        tokenizer_dir = (self.out / "tokenizer").resolve()
+        self.policy.tokenizer.save_pretrained(tokenizer_dir)
+        if cfg.model == "embedded":  # the domain the embedded build was trained on, as load_policy builds it
+            from tracerl.policy.embedded import EmbeddedConfig
+
+            domain = EmbeddedConfig.from_dict(cfg.embedded).make_domain
+        else:
+            domain = self.config.data.domain
+        try:
+            self.ray_runner = RayRolloutRunner(
+                cfg.base_url, str(tokenizer_dir), domain, num_workers=run.num_workers,
+                model=cfg.served_model_name or None, limits=self.policy.limits,
+                sampling=SamplingParams(self.config.sampling.temperature, self.config.sampling.top_p),
+                engine_options={"n_mode": cfg.n_mode, "max_concurrency": cfg.max_batch_size})
+        except BaseException:
+            self.close()
+            raise
+        self.say(f"{run.num_workers} rollout workers on Ray, clients of {cfg.base_url}")
+        return self.ray_runner
+
+    def close(self) -> None:
+        """Stop the rollout workers, and the local Ray cluster if this trainer started it (run.executor="ray")."""
+        if self.ray_runner is not None:
+            self.ray_runner.close()
+            self.ray_runner = None
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+            self.owns_ray = False
+
     # ------------------------------------------------------------------------------------------------ one step
     def next_pool(self) -> list[dict[str, Any]]:
         """The next pool_size training rows in a shuffled order, reshuffled when it runs out."""
@@ -133,13 +187,19 @@ class Trainer:
         cfg, alloc = self.config, self.config.allocation
         started = time.perf_counter()
         # 1. candidate pool, predictor, stage 1, bare rollouts, stage 2 (tracerl.core.growth)
-        driver = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
-                             sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_p,
-                                                     seed=step_seed(cfg.run.seed, self.step, 0)))
-        pool = driver.set_rows(self.next_pool())
+        seed = step_seed(cfg.run.seed, self.step, 0)
+        if cfg.run.executor == "ray":  # the run's workers, re-seeded: worker 0 samples with `seed` as a local driver
+            runner = self.start_workers()
+            counted_before = Counter(runner.counters)  # they count over the whole run; a step logs its increments
+            pool = runner.set_rows(self.next_pool(), seed=seed)
+        else:
+            runner = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
+                                 sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_p, seed=seed))
+            counted_before = Counter()
+            pool = runner.set_rows(self.next_pool())
         ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
         predict = self.predictor.predict if self.uses_predictor else None
-        grown = grow_trees(self.method, alloc, pool, predict, driver, ledger, self.alloc_rng)
+        grown = grow_trees(self.method, alloc, pool, predict, runner, ledger, self.alloc_rng)
         trees = grown.trees
         if cfg.run.save_trees:
             write_trees(self.out, self.step + 1, {
@@ -184,7 +244,7 @@ class Trainer:
             "rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
             "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
             "rollout/cum_units": self.totals["units"], "rollout/cum_tokens": self.totals["tokens"],
-            **{f"rollout/{k.split('/', 1)[1]}": v for k, v in driver.counters.items()},
+            **{f"rollout/{k.split('/', 1)[1]}": v - counted_before[k] for k, v in runner.counters.items()},
             "sys/step_seconds": step_seconds, "sys/rollout_seconds": grown.seconds["rollout"],
             "sys/train_seconds": train_seconds, "sys/alloc_seconds": alloc_seconds,
         })
@@ -290,8 +350,11 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
     _check_run_dir(config, resume)
     trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
-    with torch_threads(config.run.num_threads):
-        return _train(trainer, config, resume, say, progress, initial_eval)
+    try:
+        with torch_threads(config.run.num_threads):
+            return _train(trainer, config, resume, say, progress, initial_eval)
+    finally:
+        trainer.close()  # the Ray rollout workers, also when a step raised
 
 
 def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
@@ -313,6 +376,8 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
         say(f"held-out success before training: {format_eval(before)} ({len(trainer.eval_rows)} questions x "
             f"{config.run.eval_samples} samples)")
     after = before
+    if config.run.executor == "ray" and trainer.step < config.run.num_steps:
+        trainer.start_workers()  # here, so that starting them is not timed as part of the first step
     while trainer.step < config.run.num_steps:
         row = trainer.train_step()
         if progress:
@@ -328,10 +393,26 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
     diff = _paired_difference(before, after)
     return {"before": before, "after": after, "improvement": after["eval/success"] - before["eval/success"],
             "improvement_se": diff, "out_dir": str(trainer.out), "steps": trainer.step,
-            "cum_units": trainer.totals["units"], "cum_tokens": trainer.totals["tokens"]}
+            "cum_units": trainer.totals["units"], "cum_tokens": trainer.totals["tokens"],
+            "report": write_report(trainer.out, say)}
 
 
-RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every")
+def write_report(run_dir: Path, say: Say | None) -> str | None:
+    """`<run>/report.md` with its plots (tracerl.report.run_report); None, with a note, when matplotlib is missing."""
+    from tracerl.report.run_report import write_run_report
+
+    try:
+        return str(write_run_report(run_dir))
+    except ImportError as err:  # the `torch` extra alone has no matplotlib
+        (say or print)(f"no run report ({err}); pip install -e '.[train]' and run: tracerl report {run_dir}")
+        return None
+
+
+# what a resumed run may change: none of it changes what is sampled or trained. run.ray_address may (a cluster is
+# where workers run, not what they sample); run.executor and run.num_workers may not (each worker samples its share
+# of a step's prompts with its own seed, so the split and the seeds follow them).
+RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every",
+                     "run.ray_address")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -355,7 +436,9 @@ def _check_run_dir(config: TrainConfig, resume: bool) -> None:
     if saved_path.exists():
         import json
 
-        saved, now = _flatten(json.loads(saved_path.read_text())), _flatten(config.to_dict())
+        # a key the saved config lacks was added to tracerl since; the run had its default's behaviour
+        saved = {**_flatten(TrainConfig().to_dict()), **_flatten(json.loads(saved_path.read_text()))}
+        now = _flatten(config.to_dict())
         changed = sorted(k for k in set(saved) | set(now)
                          if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
