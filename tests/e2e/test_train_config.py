@@ -38,6 +38,12 @@ def test_every_preset_loads():
     ("run.nm_steps=3", r"run: unknown key\(s\) \['nm_steps'\]"),
     ("policy.engine=vllm", "use 'transformers' or 'openai'"),
     ("policy.engine=openai", "needs policy.base_url=http://host:port"),
+    ("policy.lora_rank=-1", r"policy.lora_rank=-1 must be >= 0 \(0 = full fine-tuning\)"),
+    ("policy.lora_alpha=0", "policy.lora_alpha=0.0 > 0"),
+    ("policy.lora_dropout=1", r"policy.lora_dropout=1.0 in \[0, 1\)"),
+    ("policy.lora_target_modules=[]", "must name at least one module"),
+    ("policy.lora_target_modules=q_proj", r"policy.lora_target_modules: expected a list, got 'q_proj'"),
+    ("policy.device=tpu", "policy.device='tpu'; use cpu, cuda, cuda:N or auto"),
 ])
 def test_bad_configs_fail_at_load(override, message):
     with pytest.raises(ValueError, match=message):
@@ -73,3 +79,31 @@ def test_a_hub_id_passes_the_config_and_fails_clearly_when_it_cannot_be_loaded(m
     config = load_config(None, ["policy.model=Qwen/Qwen3-0.6B", "data.domain=funcall"])
     with pytest.raises(ValueError, match="(?s)could not load policy.model='Qwen/Qwen3-0.6B'.*pass a local model"):
         load_policy(config)
+
+
+def test_lora_without_peft_names_the_install(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"policy.lora_rank=8 needs peft: pip install -e '.\[lora\]'"):
+        load_config(None, ["policy.lora_rank=8"])
+    assert load_config(None, ["policy.lora_rank=0"]).policy.lora_rank == 0, "full fine-tuning needs no peft"
+
+
+def test_cuda_without_a_gpu_fails_at_load_and_a_resume_may_change_the_device(monkeypatch, tmp_path):
+    import json
+
+    import torch
+
+    from tracerl.train.trainer import _check_run_dir
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"policy.device='cuda' but torch .* sees no CUDA device; set policy.device="
+                                         r"cpu \(or auto\)"):
+        load_config(None, ["policy.device=cuda"])
+    config = load_config(None, [f"run.out_dir={tmp_path}", "policy.device=auto"])
+    saved = config.to_dict()
+    saved["policy"]["device"] = "cuda"  # as written by a run on a GPU machine
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    _check_run_dir(config, resume=True)  # does not raise: a GPU run may continue on a CPU

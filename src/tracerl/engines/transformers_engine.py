@@ -193,12 +193,13 @@ class TransformersEngine:
       the store). Raise it for throughput, lower it for memory.
     - `cache_capacity_tokens`: most tokens of keys/values kept across calls (LRU); raise it when trees are wide.
     - `reuse_kv=False`: no reuse at all (every sample prefills its whole prefix), the baseline of `bench engine`.
+    - `device`: where the model runs (it is moved there); None = the device its parameters are on.
 
     `stats` counts work: `prefill_tokens_computed + prefill_tokens_reused` is the sum of the prefix lengths of all
     samples requested; `generated_tokens`, `forward_passes`, `num_calls`, and the store's size and evictions.
     """
 
-    def __init__(self, model: torch.nn.Module, *, device: str | torch.device = "cpu", max_batch_size: int = 32,
+    def __init__(self, model: torch.nn.Module, *, device: str | torch.device | None = None, max_batch_size: int = 32,
                  cache_capacity_tokens: int = 65_536, reuse_kv: bool = True):
         if max_batch_size < 1 or cache_capacity_tokens < 0:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 and cache_capacity_tokens="
@@ -209,7 +210,8 @@ class TransformersEngine:
             raise NotImplementedError(f"TransformersEngine handles full-attention models only; this one has "
                                       f"{bad or 'sliding-window'} layers. Serve it with vLLM/SGLang and use the "
                                       f"OpenAI-compatible engine")
-        self.device = torch.device(device)
+        # None: where the model already is, so an engine built around a trainer's model never moves it
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device)
         # transformers renamed forward's `past_key_values` to `cache` in 5.24 (the old name goes in 5.40)
         forward_args = inspect.signature(self.model.forward).parameters

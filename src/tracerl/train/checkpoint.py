@@ -2,10 +2,14 @@
 
 Layout: `<run>/checkpoints/step-000012/` holds `model.pt` (state dict), `optimizer.pt`, `predictor.npz`
 (`tracerl.io.state`) and `trainer.npz` (step, data cursor and order, cumulative ledger totals, the numpy
-generators' states, torch's RNG state). A checkpoint is written into a temporary sibling folder, fsynced and
-renamed into place; then `<run>/checkpoints/latest` (a one-line file, replaced atomically) is pointed at it, and
-checkpoints older than the newest `keep` are deleted. A kill at any moment leaves `latest` naming a complete
-checkpoint (or no `latest` at all before the first one).
+generators' states, torch's CPU RNG state and, for a model on a GPU, that GPU's). A checkpoint is written into a
+temporary sibling folder, fsynced and renamed into place; then `<run>/checkpoints/latest` (a one-line file, replaced
+atomically) is pointed at it, and checkpoints older than the newest `keep` are deleted. A kill at any moment leaves
+`latest` naming a complete checkpoint (or no `latest` at all before the first one).
+
+With LoRA the model's state dict holds the frozen base weights and the adapters under peft's names
+(`...q_proj.base_layer.weight`, `...q_proj.lora_A.default.weight`); it loads into a model built from the same config.
+Tensors load onto the device of the model they go into, so a checkpoint written on a GPU loads on a CPU.
 
 Deliberately not here: sharded or distributed checkpoints, safetensors export for serving (use
 `model.save_pretrained` on the loaded model).
@@ -55,7 +59,11 @@ def save(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torc
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if predictor is not None:
             save_state(tmp / "predictor.npz", {"state": predictor.state_dict()})
-        save_state(tmp / "trainer.npz", {**state, "torch_rng": torch.get_rng_state().numpy()})
+        rng = {"torch_rng": torch.get_rng_state().numpy()}
+        device = next(model.parameters()).device
+        if device.type == "cuda":  # the model's GPU has a generator of its own (LoRA dropout there draws from it)
+            rng["torch_cuda_rng"] = torch.cuda.get_rng_state(device).numpy()
+        save_state(tmp / "trainer.npz", {**state, **rng})
         for name in ("model.pt", "optimizer.pt"):
             _fsync_file(tmp / name)
         if final.exists():  # a step re-run after a resume: replace its old checkpoint
@@ -91,10 +99,15 @@ def load(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     path = latest(run_dir)
     if path is None:
         return None
-    model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(path / "model.pt", map_location=device, weights_only=True))
+    # the optimizer moves each state tensor to its parameter's device; map_location only has to make them loadable
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
     if predictor is not None:
         predictor.load_state_dict(load_state(path / "predictor.npz")["state"])
     state = load_state(path / "trainer.npz")
     torch.set_rng_state(torch.from_numpy(np.asarray(state.pop("torch_rng"), dtype=np.uint8)))
+    cuda_rng = state.pop("torch_cuda_rng", None)
+    if cuda_rng is not None and device.type == "cuda":  # a GPU run resumed on a CPU has no use for it
+        torch.cuda.set_rng_state(torch.from_numpy(np.asarray(cuda_rng, dtype=np.uint8)), device)
     return state

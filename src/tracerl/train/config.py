@@ -5,7 +5,8 @@ A run is configured by a preset file (`configs/*.toml`), then `--set section.key
 embedded policy was not trained on). The resolved config is saved as `config.json` in the run directory, and
 `tracerl train --config <run>/config.json` reproduces the run.
 
-This module holds no torch code; it sits in `train` because it names the trainer's knobs.
+This module holds no torch code (it imports torch only to check that a requested CUDA device exists); it sits in
+`train` because it names the trainer's knobs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from tracerl.core.predictor import PREDICTORS
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 
 DOMAINS = ("multihop", "math", "funcall", "bfcl")
+# the attention and MLP projections of Qwen3, LLaMA, Mistral and their kin: LoRA's usual targets
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,24 @@ class PolicyConfig:
     served_model_name: str = ""  # the model name the server expects ("" = the first it lists)
     n_mode: str = "n"  # "n": one request per prefix with n samples (vLLM, tracerl serve); "repeat": SGLang
     sync_weights: bool = True  # engine="openai": push the weights to the server after each update (tracerl serve)
+    device: str = "cpu"  # the trainer's model, reference model and in-process engine: cpu, cuda, cuda:N or auto
+    lora_rank: int = 0  # LoRA rank r; 0 = full fine-tuning, r > 0 trains only low-rank adapters (needs peft)
+    lora_alpha: float = 32.0  # LoRA scale: the adapted weight is W + (lora_alpha / lora_rank) B A
+    lora_dropout: float = 0.0  # dropout on the adapters' input in training (0: training and sampling forwards agree)
+    lora_target_modules: tuple[str, ...] = LORA_TARGETS  # names of the linear layers that get adapters
 
     def __post_init__(self) -> None:
+        check_device(self.device)
+        if self.lora_rank < 0 or not self.lora_alpha > 0 or not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"policy.lora_rank={self.lora_rank} must be >= 0 (0 = full fine-tuning), policy."
+                             f"lora_alpha={self.lora_alpha} > 0 and policy.lora_dropout={self.lora_dropout} in [0, 1); "
+                             "e.g. lora_rank=16, lora_alpha=32, lora_dropout=0")
+        if not self.lora_target_modules or not all(self.lora_target_modules):
+            raise ValueError(f"policy.lora_target_modules={list(self.lora_target_modules)} must name at least one "
+                             f"module and no empty name, e.g. {list(LORA_TARGETS)}")
+        if self.lora_rank and importlib.util.find_spec("peft") is None:
+            raise ValueError(f"policy.lora_rank={self.lora_rank} needs peft: pip install -e '.[lora]' (or set "
+                             "policy.lora_rank=0 for full fine-tuning)")
         if self.max_batch_size < 1:
             raise ValueError(f"policy.max_batch_size={self.max_batch_size} must be >= 1")
         if self.engine not in ("transformers", "openai"):
@@ -194,6 +213,25 @@ def _has_ray() -> bool:
     """Whether Ray is importable (a folder named ray on sys.path, e.g. tests/ray, is a namespace package, not Ray)."""
     spec = importlib.util.find_spec("ray")
     return spec is not None and spec.origin is not None
+
+
+def check_device(device: str) -> None:
+    """policy.device names cpu, cuda, cuda:N or auto, and a cuda device exists (torch is imported only to check)."""
+    kind, _, index = device.partition(":")
+    if device not in ("cpu", "auto", "cuda") and not (kind == "cuda" and index.isdigit()):
+        raise ValueError(f"policy.device={device!r}; use cpu, cuda, cuda:N or auto (cuda when available, else cpu)")
+    if kind != "cuda":
+        return
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"policy.device={device!r} needs torch: pip install -e '.[torch]'") from None
+    if not torch.cuda.is_available():
+        raise ValueError(f"policy.device={device!r} but torch {torch.__version__} sees no CUDA device; set "
+                         "policy.device=cpu (or auto), or run on a GPU machine with a CUDA build of torch")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"policy.device={device!r} but torch sees {torch.cuda.device_count()} CUDA device(s); "
+                         "use cuda:0 .. cuda:N-1")
 
 
 def _looks_like_hub_id(name: str) -> bool:

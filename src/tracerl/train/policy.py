@@ -4,10 +4,20 @@
 domain, the driver limits and the padding id. `policy.model` is "embedded", a local directory or a hub id
 (`from_pretrained` loads a local copy or the hub's cache first; a hub id on an offline machine fails with a
 message naming the fix). The chat template and tool-call format come from the tokenizer (`tracerl.io.chat`).
+
+With `policy.lora_rank` > 0 the model gets LoRA adapters (peft, arXiv 2106.09685) on `policy.lora_target_modules`
+and every other weight is frozen. `TrainPolicy.model` is then still the transformers model (the adapters sit inside
+its linear layers, so its forward, the engine and the loss see the adapted policy unchanged) and `TrainPolicy.peft`
+the peft wrapper around it (adapter export, the adapter-free forward of the KL reference). `merged_state_dict`
+gives the plain model's weights with each adapter merged in, which is what a served engine loads.
+
+Deliberately not here: quantised bases (QLoRA), several adapters, other peft methods.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +26,7 @@ import torch
 
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.driver import DriverLimits
-from tracerl.train.config import TrainConfig
+from tracerl.train.config import TrainConfig, check_device
 
 
 @dataclass
@@ -28,6 +38,8 @@ class TrainPolicy:
     limits: DriverLimits
     pad_id: int
     source: str  # where the weights came from (the cache folder or the model directory)
+    device: torch.device = torch.device("cpu")  # where the model is
+    peft: Any = None  # the peft wrapper of `model` when it has LoRA adapters (policy.lora_rank > 0), else None
 
 
 def make_domain(name: str) -> Any:
@@ -53,7 +65,99 @@ def _limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:
                         data.max_tokens_per_rollout or default.max_tokens_per_rollout)
 
 
+def resolve_device(name: str) -> torch.device:
+    """policy.device as a torch device: "auto" is cuda when torch sees a GPU, else cpu. A cuda device that does not
+    exist raises ValueError (the config check, repeated here for callers that build devices themselves)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(name)
+    return torch.device(name)
+
+
 def load_policy(config: TrainConfig, say: Callable[[str], None] = lambda message: None) -> TrainPolicy:
+    """The run's policy on `policy.device`, with LoRA adapters when `policy.lora_rank` > 0."""
+    policy = _load_base(config, say)
+    if config.policy.lora_rank:
+        policy.peft = add_lora(policy.model, config)
+        policy.model = policy.peft.get_base_model()
+    policy.device = resolve_device(config.policy.device)
+    policy.model.to(policy.device)
+    return policy
+
+
+def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
+    """Wrap `model` with LoRA adapters in place (peft's `get_peft_model`) and freeze everything else.
+
+    Each targeted linear layer computes W x + (alpha / r) B A x with A (r, in) random and B (out, r) zero, so the
+    adapted model starts as the base model. A is drawn from torch's RNG seeded with run.seed inside a fork (the
+    global state comes back unchanged), so a run's initial adapters are a function of its config."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = config.policy
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft asks transformers a deprecated question; the warning would print on every LoRA run
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        torch.manual_seed(config.run.seed)
+        try:
+            return get_peft_model(model, lora)
+        except ValueError as err:  # peft: no module matches the targets
+            names = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                            if isinstance(m, torch.nn.Linear)})
+            raise ValueError(f"policy.lora_target_modules={list(cfg.lora_target_modules)} does not fit this model "
+                             f"({err}); its linear layers are named {names}") from None
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimiser updates: all of them, or only the adapters' with LoRA (the rest is frozen)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of the plain model (no adapters), with every LoRA layer merged: W' = W + (alpha / r) B A.
+
+    Keys are those of the model without peft (`...q_proj.weight`, not `...q_proj.base_layer.weight`), so a server
+    holding the plain model loads it as is and then computes what the adapted model computes. `model` itself is not
+    changed (merging in place and back would round the frozen base weights). Without adapters: `model.state_dict()`.
+    """
+    state = model.state_dict()
+    if "peft" not in sys.modules:  # never imported, so no adapters (and no import of peft for full fine-tuning)
+        return state
+    from peft.tuners.lora import LoraLayer
+
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    if not layers:
+        return state
+    merged = {}
+    for key, value in state.items():
+        owner, rest = _lora_owner(key, layers)
+        if owner is None:
+            merged[key] = value
+        elif rest.startswith("base_layer."):
+            merged[f"{owner}.{rest.removeprefix('base_layer.')}"] = value
+        # else: the adapter's own tensors (lora_A, lora_B, ...), folded into the weight below
+    with torch.no_grad():
+        for name, layer in layers.items():
+            weight = layer.get_base_layer().weight
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    weight = weight + layer.get_delta_weight(adapter)
+            merged[f"{name}.weight"] = weight.detach()
+    return merged
+
+
+def _lora_owner(key: str, layers: dict[str, Any]) -> tuple[str | None, str]:
+    """(name of the LoRA layer a state-dict key belongs to, the rest of the key) or (None, key)."""
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        owner = ".".join(parts[:cut])
+        if owner in layers:
+            return owner, ".".join(parts[cut:])
+    return None, key
+
+
+def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
     if config.policy.model == "embedded":
         from tracerl.policy.embedded import EmbeddedConfig, build_embedded
 

@@ -8,7 +8,10 @@
 Allocation, advantages and measures are the pure functions of `tracerl.core` (the same ones `tracerl bench
 alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
 this process or (run.executor="ray") on `RayRolloutRunner` workers that stay up for the whole run; the update is
-the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees.
+the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees. The model, the
+reference model, the in-process engine and each micro-batch live on `policy.device`; with LoRA (`policy.lora_rank`)
+only the adapters are trained, the KL reference is the model with its adapters switched off, and a served engine
+receives the merged weights (`tracerl.train.policy`).
 
 Every step's sampling draws on seeds derived from (run seed, step), and every other random state (data order,
 allocation, predictor) is saved in the checkpoint, so a run resumed from a checkpoint produces the same metrics
@@ -48,7 +51,7 @@ from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import TrainConfig
 from tracerl.train.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
-from tracerl.train.policy import load_policy
+from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
 
 Say = Callable[[str], None]
 
@@ -71,14 +74,15 @@ class Trainer:
         self.say = say or (lambda message: None)
         self.method = get_method(config.method)
         self.out = config.out_dir()
-        self.policy = load_policy(config, self.say)
+        self.policy = load_policy(config, self.say)  # on policy.device, with LoRA adapters if policy.lora_rank > 0
         self.model = self.policy.model
+        self.device = self.policy.device
         self.engine = self._make_engine()
-        self.ref_model = None
-        if config.optim.kl_coef > 0:  # a frozen copy of the initial policy
+        self.ref_model = None  # a frozen copy of the initial policy (KL term, full fine-tuning)
+        if config.optim.kl_coef > 0 and self.policy.peft is None:  # with LoRA the base model is the reference
             self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr, betas=config.optim.betas,
-                                           weight_decay=config.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=config.optim.lr,
+                                           betas=config.optim.betas, weight_decay=config.optim.weight_decay)
         self.uses_predictor = self.method.predictor != "none"
         self.predictor = None
         if self.uses_predictor:
@@ -102,7 +106,8 @@ class Trainer:
     def _make_engine(self):
         cfg = self.config.policy
         if cfg.engine == "transformers":
-            return TransformersEngine(self.model, max_batch_size=cfg.max_batch_size)
+            # the transformers model with the adapters inside its layers, so it samples the adapted policy
+            return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size)
         from tracerl.engines.openai_engine import OpenAIEngine
 
         engine = OpenAIEngine(cfg.base_url, cfg.served_model_name or None, n_mode=cfg.n_mode,
@@ -113,13 +118,14 @@ class Trainer:
 
     def sync_weights(self) -> None:
         """Send the current weights to a served engine (policy.engine="openai", policy.sync_weights), so it
-        samples the next step from the policy being trained. Written atomically to <run>/sync/weights.pt first."""
+        samples the next step from the policy being trained. Written atomically to <run>/sync/weights.pt first.
+        With LoRA these are the plain model's weights with the adapters merged in (the server has no adapters)."""
         if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
             return
         path = self.out / "sync" / "weights.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save(self.model.state_dict(), tmp)
+        torch.save(merged_state_dict(self.model), tmp)
         tmp.replace(path)
         self.engine.load_weights(str(path.resolve()))
 
@@ -259,8 +265,9 @@ class Trainer:
         cfg = self.config.optim
         token_mean = cfg.agg == "token-mean"
         total = sum(rollout_policy_tokens(t) for t in trees) if token_mean else sum(len(t.leaves()) for t in trees)
+        with_kl = cfg.kl_coef > 0
         work = [(t, a) for t, a in zip(trees, advantages)
-                if self.ref_model is not None or any(np.any(np.asarray(v) != 0) for v in a.values)]
+                if with_kl or any(np.any(np.asarray(v) != 0) for v in a.values)]
         sums: dict[str, float] = {}
         weight = 0.0  # sum of the shares the metrics were averaged with
         self.model.train()
@@ -270,10 +277,8 @@ class Trainer:
                 make = packed_batch if cfg.packed else rollout_batch
                 batch = make([t for t, _ in chunk], [a for _, a in chunk], pad_id=self.policy.pad_id)
                 share = (batch.num_policy_tokens if token_mean else sum(len(a.leaf_ids) for _, a in chunk)) / total
-                ref = None
-                if self.ref_model is not None:
-                    with torch.no_grad():
-                        ref = batch_logprobs(self.ref_model, batch, self.config.sampling.temperature)
+                batch = batch.to(self.device)
+                ref = self.reference_logprobs(batch) if with_kl else None
                 loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
                                                 ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
                                                 clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
@@ -282,13 +287,24 @@ class Trainer:
                 for key, value in parts.items():
                     if key != "train/num_policy_tokens":
                         sums[key] = sums.get(key, 0.0) + value * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
+                                                       cfg.grad_clip or float("inf"))
             self.optimizer.step()
         self.model.eval()
         sums = {key: value / weight for key, value in sums.items()} if weight else {}
         sums.update({"train/grad_norm": float(grad_norm), "train/num_policy_tokens": float(total if token_mean else 0),
                      "train/num_trained_trees": float(len(work)), "train/lr": cfg.lr})
         return sums
+
+    def reference_logprobs(self, batch) -> torch.Tensor:
+        """(B, T) token logprobs of the initial policy for the KL term: the frozen copy, or with LoRA the same model
+        with its adapters switched off (the base weights never change, and the adapters start at zero)."""
+        temperature = self.config.sampling.temperature
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return batch_logprobs(self.ref_model, batch, temperature)
+            with self.policy.peft.disable_adapter():
+                return batch_logprobs(self.model, batch, temperature)
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, log: bool = True) -> dict[str, Any]:
@@ -410,9 +426,11 @@ def write_report(run_dir: Path, say: Say | None) -> str | None:
 
 # what a resumed run may change: none of it changes what is sampled or trained. run.ray_address may (a cluster is
 # where workers run, not what they sample); run.executor and run.num_workers may not (each worker samples its share
-# of a step's prompts with its own seed, so the split and the seeds follow them).
+# of a step's prompts with its own seed, so the split and the seeds follow them). policy.device may, so that a run
+# saved on a GPU resumes on a CPU: the algorithm is the same, but float rounding and the sampler's random stream
+# differ between devices, so only a resume on the same device repeats the uninterrupted run exactly.
 RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every",
-                     "run.ray_address")
+                     "run.ray_address", "policy.device")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
