@@ -1,0 +1,141 @@
+"""The GPU benchmark scripts (benchmarks/gpu/) run end to end on CPU with a tiny random model.
+
+They are meant for a GPU machine, where nobody runs the test suite first; these tests make sure that what reaches
+that machine runs and reports sane figures: the transformers engine and a real `tracerl serve` on loopback (with a
+vLLM-style /metrics endpoint added) for engine_throughput, one math training step for train_step_math.
+"""
+
+import importlib
+import itertools
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("reasoning_gym")
+
+GPU_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+SMALL = ["--num-prompts", "2", "--prompt-tokens", "24", "--rollouts", "2", "--turns", "3", "--turn-tokens", "4",
+         "--observation-tokens", "5", "--continuations", "2", "--seed", "0", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def scripts():
+    sys.path.insert(0, str(GPU_DIR))
+    try:
+        yield {name: importlib.import_module(name)
+               for name in ("gpu_bench_common", "engine_throughput", "train_step_math")}
+    finally:
+        sys.path.remove(str(GPU_DIR))
+
+
+@pytest.fixture(scope="module")
+def model_dir(scripts, tmp_path_factory):
+    return scripts["gpu_bench_common"].build_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(model_dir):
+    """`tracerl serve`'s app over the tiny model in a uvicorn thread, plus a /metrics route in vLLM's format whose
+    counters grow by 300 hits and 400 queries (and 1,000 generated tokens) between two reads."""
+    import uvicorn
+    from fastapi.responses import PlainTextResponse
+
+    from tracerl.serve import create_app, load_model
+
+    engine, tokenizer, name = load_model(str(model_dir))
+    app = create_app(engine, name, tokenizer)
+    reads = itertools.count()
+
+    @app.get("/metrics")
+    def metrics():
+        k = next(reads)
+        return PlainTextResponse(
+            "# TYPE vllm:prefix_cache_hits_total counter\n"
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="{name}"}} {100 + 300 * k}.0\n'
+            f'vllm:prefix_cache_hits_created{{engine="0",model_name="{name}"}} 1.7e9\n'
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="{name}"}} {1000 + 400 * k}.0\n'
+            f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="{name}"}} 5.0\n'
+            f"vllm:generation_tokens_total {1000 * k}.0\n")
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_engine_throughput_transformers_and_server(scripts, model_dir, served, capsys):
+    result = scripts["engine_throughput"].main(["--model", str(model_dir), "--device", "cpu", "--vllm-url", served,
+                                                *SMALL])
+    rows = {r["engine"]: r for r in result["engines"]}
+    assert set(rows) == {"transformers", "server"}
+    w = result["workload"]
+    # 2 prompts x 2 rollouts x 3 turns = 12 turns; 2 continuations from each of the 8 nodes at depths 1 and 2 = 16
+    # turns, and 8 more to finish those from depth 1: 36 turns of 4 tokens
+    assert rows["transformers"]["generated_tokens"] == rows["server"]["generated_tokens"] == 36 * 4
+    assert all(r["generated_tokens_per_s"] > 0 for r in rows.values())
+    hit = rows["transformers"]["prefix_cache_hit_rate"]
+    assert 0 < hit <= w["shared_prefix_frac"] + 1e-9, f"engine hit rate {hit} beyond the workload's bound"
+    assert rows["server"]["prefix_cache_hit_rate"] == pytest.approx(300 / 400), rows["server"]
+    assert "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total" in rows["server"]["hit_rate_from"]
+    assert rows["server"]["server_generation_tokens"] == 1000
+    table = capsys.readouterr().out
+    assert table.count("\n| transformers |") == 1 and "| server |" in table and "CPU" in table
+
+
+def test_engine_throughput_names_a_server_that_does_not_answer(scripts):
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(SystemExit, match=f"no server answers at {url}"):
+        scripts["engine_throughput"].main(["--device", "cpu", "--engines", "server", "--vllm-url", url, *SMALL])
+
+
+def test_prefix_cache_counters_fall_back_to_other_names(scripts):
+    mod = scripts["engine_throughput"]
+    metrics = mod.parse_prometheus('sglang:prefix_cache_hits{a="x y}"} 3\nsglang:prefix_cache_queries 4 1700000\n'
+                                   "other:prefix_cache_usage 0.5\n# HELP sglang:prefix_cache_hits hits\n")
+    assert metrics == {"sglang:prefix_cache_hits": 3.0, "sglang:prefix_cache_queries": 4.0,
+                       "other:prefix_cache_usage": 0.5}
+    assert mod.prefix_cache_counters(metrics) == ("sglang:prefix_cache_hits", "sglang:prefix_cache_queries")
+    assert mod.prefix_cache_counters({"sglang:cache_hit_rate": 0.4}) is None
+
+
+def test_train_step_math_smoke(scripts, capsys):
+    result = scripts["train_step_math"].main(["--device", "cpu", "--threads", "1"])
+    s, t = result["seconds"], result["tokens"]
+    assert result["model_device"] == "cpu" and result["config"]["method"] == "trace"
+    assert t["num_rollouts"] >= 2 and t["generated_tokens"] > 0
+    assert t["policy_tokens_trained"] > 0 and result["num_trained_trees"] >= 1, "the smoke step trained nothing"
+    assert 0 <= result["kv_reuse_hit_rate"] <= 1
+    assert s["step"] >= s["rollout"] + s["train"] > 0 and s["other"] >= -1e-6
+    assert result["peak_gpu_memory_gib"] is None
+    assert "| whole step |" in capsys.readouterr().out
+
+
+def test_train_step_math_sets_the_device_only_where_the_config_has_it(scripts, monkeypatch):
+    mod = scripts["train_step_math"]
+    args = mod.parse_args(["--device", "cuda"])
+    monkeypatch.setattr(mod, "policy_has_device_setting", lambda: True)
+    overrides, note = mod.config_overrides(args, "m", "out")
+    assert "policy.device=cuda" in overrides and note is None
+    monkeypatch.setattr(mod, "policy_has_device_setting", lambda: False)
+    overrides, note = mod.config_overrides(args, "m", "out")
+    assert not any(o.startswith("policy.device") for o in overrides) and "CPU figures" in note
