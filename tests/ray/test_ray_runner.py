@@ -198,7 +198,7 @@ def test_killed_worker_gives_failed_leaves_not_an_exception(runner, rows):
             if p in shares[victim]:
                 assert reasons == {"error"} and all(n.reward == 0.0 and not n.segment.token_ids for n in new)
             else:
-                assert len(tree.leaves_below(node_id)) >= k and "rollout worker failed" not in \
+                assert len(tree.leaves_below(node_id)) >= k and "rollout failed" not in \
                     " ".join(n.segment.observation_text for n in new)
     lost = sum(k for t, _, k in requests if trees.index(t) in shares[victim])
     assert runner.counters["rollout/worker_errors"] == 1

@@ -99,11 +99,11 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
 
     result = GrowthResult(trees, selected, p_pool, root_counts, seconds)
     if method.prefix_policy is not None and config.expand_rounds > 0 and trees:
-        _expand(method, config, result, predict, runner, ledger, rng)
+        expand_trees(method, config, result, predict, runner, ledger, rng)
     return result
 
 
-def _expand(method, config, result, predict, runner, ledger, rng) -> None:
+def expand_trees(method, config, result, predict, runner, ledger, rng) -> None:
     policy = PREFIX_POLICIES[method.prefix_policy]
     granule = policy.granule(config)
     unit = granule * config.continuation_cost

@@ -105,7 +105,7 @@ def failed_tree(row: dict[str, Any], pool_index: int, count: int, error: str) ->
 def add_failed_leaves(tree: Tree, node_id: int, count: int, error: str, origin: str = "continuation") -> None:
     """`count` failed leaves (finish_reason "error", reward 0, no tokens) under `node_id`."""
     for _ in range(count):
-        tree.add_child(node_id, Segment(observation_text=f"error: rollout worker failed: {error}"[:500]),
+        tree.add_child(node_id, Segment(observation_text=f"error: rollout failed: {error}"[:500]),
                        reward=0.0, finish_reason="error", origin=origin, anchor_id=node_id)
 
 

@@ -1,0 +1,157 @@
+"""TRACE settings for a verl run, and stage 1 over one verl batch (plain Python + numpy, no verl import).
+
+The settings live in a top-level `tracerl:` section of verl's Hydra config (override keys are new, so on the
+command line they take a `+`, e.g. `+tracerl.method=trace`). Everything else (batch size, `rollout.n`,
+temperature, response length) is read from verl's own config, so one number is never set twice:
+
+- the step's budget is verl's: `train_batch_size * rollout.n` trajectory units (what GRPO spends), split by the
+  method preset between fresh rollouts (stage 1) and continuations (stage 2, `root_share`);
+- a rollout's token limit defaults to `rollout.response_length` (a leaf's response is its whole path after the
+  prompt, and verl's actor expects it within that length).
+
+Advantages are computed per tree, in the worker that grew it (trees are never gathered in one place before verl's
+advantage step): exact for `trace`, `grpo` and `tree_grpo`, which only look inside a prompt's tree; `treepo`'s
+whitening over the batch becomes a whitening over each tree's rollouts.
+
+`plan_batch` is stage 1 for one batch: the method's root policy over the batch's predicted success probabilities,
+then each selected prompt's share of the stage-2 budget (split by stage-1 grants, as `tracerl.core.growth` does
+per prompt). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
+is empty, so the prompt closest to p = 0.5 then gets `m_min` rollouts (counted in `alloc/forced_prompts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import numpy as np
+
+from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
+from tracerl.core.growth import split_whole
+from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, get_method
+from tracerl.core.predictor import PREDICTORS
+from tracerl.io.driver import DriverLimits
+
+ESTIMATOR = "tracerl_tree"  # the name the identity advantage estimator is registered under in verl
+RM_SCORES = ("advantages", "reward")
+
+
+@dataclass(frozen=True)
+class TraceVerlConfig:
+    """The `tracerl:` section of a verl config. Every field has a default; unknown keys raise."""
+
+    method: str = "trace"  # a tracerl method preset (`tracerl methods`): stage 1, stage 2 and advantage
+    domain: str = "multihop"  # the environments rollouts run in: multihop, math, funcall or bfcl
+    predictor: str = "hashed_logistic"  # success predictor steering stages 1 and 2 (unused by grpo, treepo)
+    predictor_options: dict = field(default_factory=lambda: {"l2": 1e-3})  # its constructor options
+    advantage: str | None = None  # tree advantage estimator; None = the method's (trace for trace)
+    advantage_options: dict = field(default_factory=dict)  # AdvantageConfig fields (eps, leave_one_out, ...)
+    rm_scores: str = "advantages"  # "advantages": per-token tree advantages (algorithm.adv_estimator=tracerl_tree);
+    # "reward": the leaf reward on the last token, for verl's own estimators (e.g. grpo on star trees)
+    m_min: int = 2  # fewest rollouts a selected prompt gets
+    m_max: int | None = 16  # most stage-1 rollouts one prompt gets
+    root_value: str = "v_root"  # stage-1 objective: v_root, knapsack_rl or nonzero_adv
+    root_share: float = 0.75  # share of the budget spent on fresh rollouts when the method has a stage 2
+    continuation_cost: float = 0.5  # budget units of one continuation (a fresh rollout costs 1)
+    expand_rounds: int = 2  # stage-2 rounds per prompt
+    k_max: int | None = 4  # most continuations one prefix gets per round
+    max_turns: int = 6  # policy turns per rollout
+    max_tokens_per_turn: int = 256  # sampled tokens per turn (capped by rollout.response_length)
+    max_tokens_per_rollout: int | None = None  # tokens after the prompt; None = rollout.response_length
+    timeout_s: float = 600.0  # one turn's generation for all of a tree's rollouts; past it they are failed leaves
+    seed: int = 0  # allocation and sampling seeds derive from it
+
+    def __post_init__(self) -> None:
+        problems = []
+        try:
+            method = get_method(self.method)
+        except ValueError as err:
+            problems.append(str(err))
+            method = None
+        if method is not None and method.predictor == "oracle":
+            problems.append(f"method={self.method!r} needs the simulator's true p; pick trace or trace-root-only")
+        if self.predictor not in PREDICTORS or self.predictor == "oracle":
+            problems.append(f"predictor={self.predictor!r}; use one of {sorted(set(PREDICTORS) - {'oracle'})}")
+        if self.advantage is not None and self.advantage not in ADVANTAGES:
+            problems.append(f"advantage={self.advantage!r}; use one of {sorted(ADVANTAGES)} or null for the method's")
+        if self.rm_scores not in RM_SCORES:
+            problems.append(f"rm_scores={self.rm_scores!r}; use 'advantages' (with adv_estimator={ESTIMATOR}) "
+                            "or 'reward' (with one of verl's estimators)")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s} must be > 0")
+        if problems:
+            raise ValueError("invalid tracerl section of the verl config: " + "; ".join(problems))
+        AdvantageConfig(**self.advantage_options)  # raises with its own message on a bad option
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> "TraceVerlConfig":
+        section = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} in the tracerl section of the verl config; "
+                             f"known: {sorted(known)}")
+        return cls(**section)
+
+    @classmethod
+    def from_verl(cls, config: Any) -> "TraceVerlConfig":
+        """From a verl DictConfig (its optional top-level `tracerl` section)."""
+        section = config.get("tracerl", None) if hasattr(config, "get") else None
+        if section is not None and not isinstance(section, Mapping):
+            from omegaconf import OmegaConf
+
+            section = OmegaConf.to_container(section, resolve=True)
+        return cls.from_mapping(section)
+
+    @property
+    def advantage_name(self) -> str:
+        return self.advantage or get_method(self.method).advantage
+
+    def allocation(self, num_prompts: int, rollout_n: int) -> AllocationConfig:
+        """tracerl's allocation config for a verl batch of `num_prompts` prompts at `rollout.n` samples each."""
+        if rollout_n < 2:
+            raise ValueError(f"actor_rollout_ref.rollout.n={rollout_n}: TRACE's budget is batch prompts * n and a "
+                             "prompt needs at least 2 rollouts to be mixed; set rollout.n >= 2")
+        return AllocationConfig(num_prompts=num_prompts, rollouts_per_prompt=rollout_n, pool_factor=1,
+                                m_min=self.m_min, m_max=self.m_max, root_value=self.root_value,
+                                root_share=self.root_share, continuation_cost=self.continuation_cost,
+                                expand_rounds=self.expand_rounds, k_max=self.k_max)
+
+    def limits(self, response_length: int) -> DriverLimits:
+        per_rollout = self.max_tokens_per_rollout or response_length
+        if per_rollout > response_length:
+            raise ValueError(f"tracerl.max_tokens_per_rollout={per_rollout} exceeds rollout.response_length="
+                             f"{response_length}; lower it or raise actor_rollout_ref.rollout.response_length")
+        return DriverLimits(max_turns=self.max_turns, max_tokens_per_turn=min(self.max_tokens_per_turn, per_rollout),
+                            max_tokens_per_rollout=per_rollout)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Stage 1 for one verl batch; arrays are aligned with the batch's rows."""
+
+    p: np.ndarray  # (B,) predicted success (0.5 where the method reads none)
+    counts: np.ndarray  # (B,) fresh rollouts per prompt (0 = filtered out); becomes `__rollout_n__`
+    prefix_units: np.ndarray  # (B,) stage-2 budget per prompt in trajectory units
+    forced: bool  # the policy selected nothing and one prompt was given m_min so the batch is not empty
+
+
+def plan_batch(p: np.ndarray, config: TraceVerlConfig, rollout_n: int, rng: np.random.Generator) -> BatchPlan:
+    """Stage 1 over a batch: root counts from the method's root policy, stage-2 budget split by grants."""
+    p = np.asarray(p, dtype=float)
+    num = len(p)
+    if num == 0:
+        raise ValueError("an empty batch cannot be planned; verl sent no prompts")
+    method = get_method(config.method)
+    alloc = config.allocation(num, rollout_n)
+    counts = np.asarray(ROOT_POLICIES[method.root_policy](p, method.root_budget(alloc), alloc, rng), dtype=np.int64)
+    forced = not counts.any()
+    if forced:
+        counts[int(np.argmin(np.abs(p - 0.5)))] = alloc.m_min
+    prefix_units = np.zeros(num)
+    if method.prefix_policy is not None and alloc.expand_rounds > 0:
+        unit = PREFIX_POLICIES[method.prefix_policy].granule(alloc) * alloc.continuation_cost
+        num_granules = int((alloc.budget - counts.sum()) // unit + 1e-9)
+        selected = np.flatnonzero(counts)
+        prefix_units[selected] = split_whole(max(num_granules, 0), counts[selected]) * unit
+    return BatchPlan(p=p, counts=counts, prefix_units=prefix_units, forced=forced)
