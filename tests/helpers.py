@@ -1,4 +1,10 @@
-"""Shared test glue: a scripted engine that plays a domain's expert through the chat template."""
+"""Shared test glue: a scripted engine that plays a domain's expert through the chat template; a FastAPI app served
+on loopback in a thread."""
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -48,3 +54,28 @@ def random_advantages(tree, seed: int) -> TreeAdvantages:
     leaves = tuple(tree.leaves())
     paths = tuple(tuple(tree.path(leaf)[1:]) for leaf in leaves)
     return TreeAdvantages(tree.prompt_id, leaves, paths, tuple(rng.normal(size=len(p)) for p in paths))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def thread_server(app):
+    """Serve a FastAPI app with uvicorn in a daemon thread; yields the base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

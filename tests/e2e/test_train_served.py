@@ -2,15 +2,12 @@
 holds the trainer's weights (policy.engine="openai", policy.sync_weights)."""
 
 import json
-import socket
-import threading
-import time
 
 import pytest
 import torch
 
 pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.runlog import read_metrics
@@ -19,11 +16,7 @@ from tracerl.serve.app import create_app
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import thread_server
 
 
 def test_training_through_tracerl_serve_keeps_the_server_on_the_latest_weights(tiny_overrides, tmp_path):
@@ -31,27 +24,16 @@ def test_training_through_tracerl_serve_keeps_the_server_on_the_latest_weights(t
     policy = build_embedded(EmbeddedConfig.from_dict(json.loads(overrides["policy.embedded"])),
                             overrides["policy.cache_dir"])
     served = load_embedded(policy.path).model  # a model of its own: the server's copy, not the trainer's
-    server = uvicorn.Server(uvicorn.Config(create_app(TransformersEngine(served), "tiny"), host="127.0.0.1",
-                                           port=_free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
+    with thread_server(create_app(TransformersEngine(served), "tiny")) as url:
         with torch.no_grad():  # the server starts from other weights: the run must push its own first
             for p in served.parameters():
                 p.add_(0.01)
         config = load_config(None, [*tiny_overrides, f"run.out_dir={tmp_path / 'run'}", "method=grpo",
                                     "run.num_steps=2", "run.eval_prompts=2", "run.eval_samples=1",
-                                    "policy.engine=openai", f"policy.base_url=http://127.0.0.1:{server.config.port}"])
+                                    "policy.engine=openai", f"policy.base_url={url}"])
         run_training(config)
         rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
         assert len(rows) == 2 and all(r["rollout/num_rollouts"] > 0 for r in rows)
         trained = torch.load(tmp_path / "run" / "checkpoints" / "step-000002" / "model.pt", weights_only=True)
         for name, value in served.state_dict().items():
             assert torch.equal(value, trained[name]), f"{name}: the server does not hold the trained weights"
-    finally:
-        server.should_exit = True
-        thread.join(10)

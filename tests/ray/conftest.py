@@ -1,12 +1,9 @@
 """Shared pieces of the Ray tests, all on loopback: a tiny embedded policy (built in seconds), `tracerl serve`'s app
 over it in a uvicorn thread, and one local Ray cluster for the session (2 CPUs), shut down at the end."""
 
-import socket
-import threading
-import time
-from contextlib import contextmanager
-
 import pytest
+
+from helpers import thread_server
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("uvicorn")
@@ -16,31 +13,6 @@ TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_tr
                "vocab_size": 400, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "max_turns": 3,
                "max_tokens_per_turn": 24, "max_tokens_per_rollout": 240, "num_eval_prompts": 2,
                "eval_samples_per_prompt": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def thread_server(app):
-    """Serve a FastAPI app with uvicorn on loopback in a daemon thread; yields the base URL."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,12 @@ vLLM-style /metrics endpoint added) for engine_throughput, one math training ste
 
 import importlib
 import itertools
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers import free_port, thread_server
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -39,17 +38,10 @@ def model_dir(scripts, tmp_path_factory):
     return scripts["gpu_bench_common"].build_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(model_dir):
     """`tracerl serve`'s app over the tiny model in a uvicorn thread, plus a /metrics route in vLLM's format whose
     counters grow by 300 hits and 400 queries (and 1,000 generated tokens) between two reads."""
-    import uvicorn
     from fastapi.responses import PlainTextResponse
 
     from tracerl.serve import create_app, load_model
@@ -69,18 +61,8 @@ def served(model_dir):
             f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="{name}"}} 5.0\n'
             f"vllm:generation_tokens_total {1000 * k}.0\n")
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with thread_server(app) as url:
+        yield url
 
 
 def test_engine_throughput_transformers_and_server(scripts, model_dir, served, capsys):
@@ -103,7 +85,7 @@ def test_engine_throughput_transformers_and_server(scripts, model_dir, served, c
 
 
 def test_engine_throughput_names_a_server_that_does_not_answer(scripts):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SystemExit, match=f"no server answers at {url}"):
         scripts["engine_throughput"].main(["--device", "cpu", "--engines", "server", "--vllm-url", url, *SMALL])
 
