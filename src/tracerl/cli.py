@@ -139,12 +139,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracerl.report.compare import run_compare
+    from tracerl.train.compare import parse_seeds, run_compare
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    seeds = list(range(args.seeds)) if args.seeds else [0]
-    print(run_compare(methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
-                      say=_say))
+    seeds = parse_seeds(args.seeds)
+    print(run_compare(args.methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
+                      say=_say, baseline=args.baseline, report_only=args.report_only))
     return 0
 
 
@@ -274,10 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="store_true", help="load the run directory's latest checkpoint first")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("compare", help="several methods at equal budget over seeds: Markdown table and PNG plots")
+    p = sub.add_parser("compare", help="several methods at equal budget over seeds: paired differences to a baseline "
+                                       "at equal units and equal sampled tokens, Markdown table and PNG plots")
     _add_run_options(p)
-    p.add_argument("--methods", default="grpo,pcl,treepo,trace", help="comma-separated method presets")
-    p.add_argument("--seeds", type=int, default=1, help="number of seeds (0..N-1) per method")
+    p.add_argument("--methods", default="grpo,pcl,treepo,trace",
+                   help="comma-separated method presets; a variant takes overrides in brackets, separated by ';': "
+                        "trace[allocation.root_share=0.5;allocation.k_max=2]")
+    p.add_argument("--seeds", default="1", help="a count (5: seeds 0..4), a list (0,3) or a range (2-4); runs resume, "
+                                                "so a long comparison can be run a few seeds at a time")
+    p.add_argument("--baseline", default="grpo", help="the entry the others are paired against")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the report from the seeds already finished for every entry")
     p.add_argument("--out", default="runs/compare", help="folder for the runs, compare.md and the plots")
     p.set_defaults(func=_compare)
 

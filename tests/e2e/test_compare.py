@@ -2,8 +2,10 @@
 
 import json
 
+import pytest
+
 from tracerl.io.runlog import read_metrics
-from tracerl.report.compare import run_compare
+from tracerl.train.compare import run_compare
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -11,7 +13,7 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
                  "run.tensorboard=false"]
     report = run_compare(["grpo", "trace"], [0], tmp_path, overrides=overrides, say=lambda m: None)
     lines = [line for line in report.splitlines() if line.startswith("| grpo") or line.startswith("| trace")]
-    assert len(lines) == 2 and "tracerl compare --methods grpo,trace --seeds 1" in report
+    assert len(lines) == 3 and "tracerl compare --methods grpo,trace --seeds 0" in report  # trace: 2 tables
     summary = json.loads((tmp_path / "compare.json").read_text())
     budget = 4 * 4  # allocation.num_prompts x rollouts_per_prompt in tiny_overrides
     for method in ("grpo", "trace"):
@@ -20,7 +22,9 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
         assert [r["step"] for r in evals] == [0, 1, 2]
     first = [[r for r in read_metrics(tmp_path / f"{m}-seed0") if r["kind"] == "eval"][0] for m in ("grpo", "trace")]
     assert first[0]["eval/per_prompt"] == first[1]["eval/per_prompt"]
-    assert summary["methods"]["grpo"]["cost_vs_baseline"] is None or summary["methods"]["grpo"]["cost_vs_baseline"] <= 1
-    for name in ("compare.md", "accuracy_vs_cost.png", "effective_ratio.png"):
+    assert summary["methods"]["grpo"]["share_of_baseline_tokens"] <= 1 + 1e-9  # grpo reaches its own final success
+    assert summary["methods"]["trace"]["informative_rollouts_per_budget"] is not None  # logged by every step
+    assert summary["regime"] and summary["regime"][0]["num_prompts"] == 4
+    for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert (tmp_path / "accuracy_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "accuracy_vs_tokens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

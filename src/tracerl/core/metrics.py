@@ -1,4 +1,9 @@
-"""The allocation measures of DESIGN.md section 3, computed from one step's trees.
+"""The allocation measures (docs/design.md, "Measures"), computed from one step's trees.
+
+The primary measure is informative samples: rollouts, and policy tokens, whose advantage before any batch-level
+whitening is non-zero, per budget unit and per sampled token. That is what a policy gradient can learn from.
+Mixed trees per unit (what `v_root` maximises) and the effective ratio are reported beside it, never alone:
+spreading the budget thinly raises both while producing fewer informative rollouts.
 
 Counts are returned alongside the ratios so that several steps can be pooled as a ratio of sums
 (`pool_counts`) instead of a mean of ratios, which overweights small steps.
@@ -10,14 +15,41 @@ from typing import Sequence
 
 import numpy as np
 
-from tracerl.core.advantages import TreeAdvantages, nonzero_adv_token_counts
+from tracerl.core.advantages import (
+    AdvantageConfig,
+    TreeAdvantages,
+    compute_advantages,
+    nonzero_adv_token_counts,
+)
 from tracerl.core.history import History
 from tracerl.core.tree import Tree
 
 
+INFORMATIVE_MEASURES = ("informative_rollouts_per_budget", "informative_rollouts_per_ktoken",
+                        "informative_tokens_per_token", "informative_rollout_frac")
+BATCH_WHITENED = ("treepo",)  # estimators that whiten over the whole batch
+
+
+def raw_advantages(name: str, trees: Sequence[Tree], advantages: Sequence[TreeAdvantages],
+                   config: AdvantageConfig | None = None) -> Sequence[TreeAdvantages]:
+    """The estimator's advantages before batch-level whitening: for a batch-whitened estimator, each tree's
+    advantages computed as a batch of its own (whitening one tree keeps its zero pattern: a tree without
+    contrast stays all zero); for the others, `advantages` as they are."""
+    if name not in BATCH_WHITENED:
+        return advantages
+    return [compute_advantages(name, [tree], config)[0] for tree in trees]
+
+
 def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], units_spent: float,
-                tokens_spent: int, atol: float = 1e-12) -> dict[str, float]:
-    """Raw counts of one step: selected prompts, mixed trees and anchors, policy tokens, budget spent."""
+                tokens_spent: int, atol: float = 1e-12,
+                raw_advantages: Sequence[TreeAdvantages] | None = None) -> dict[str, float]:
+    """Raw counts of one step: selected prompts, mixed trees and anchors, policy tokens, budget spent, and the
+    informative rollouts and tokens.
+
+    `advantages` are what the policy is trained on; `raw_advantages` the same estimator's output before any
+    batch-level whitening (defaults to `advantages`, right for every estimator that does not whiten over the
+    batch). Informative counts read the raw ones: whitening gives an all-equal tree non-zero advantages that
+    carry no contrast."""
     num_mixed_trees = num_anchors = num_mixed_anchors = 0
     num_leaves = num_success = 0
     for tree in trees:
@@ -30,10 +62,14 @@ def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], uni
         num_leaves += len(rewards)
         num_success += int((rewards > 0.5).sum())
     num_nonzero, num_tokens = nonzero_adv_token_counts(trees, advantages, atol)
+    raw = advantages if raw_advantages is None else raw_advantages
+    num_informative_tokens, _ = nonzero_adv_token_counts(trees, raw, atol)
+    num_informative = sum(int(np.any(np.abs(row) > atol)) for adv in raw for row in adv.values)
     return {
         "num_prompts": len(trees), "num_mixed_trees": num_mixed_trees, "num_anchors": num_anchors,
         "num_mixed_anchors": num_mixed_anchors, "num_leaves": num_leaves, "num_success": num_success,
         "num_policy_tokens": num_tokens, "num_nonzero_adv_tokens": num_nonzero,
+        "num_informative_rollouts": num_informative, "num_informative_tokens": num_informative_tokens,
         "units_spent": float(units_spent), "tokens_spent": int(tokens_spent),
     }
 
@@ -43,6 +79,10 @@ def ratios(counts: dict[str, float]) -> dict[str, float]:
     def div(a, b):
         return float(a) / float(b) if b else float("nan")
     return {
+        "informative_rollouts_per_budget": div(counts["num_informative_rollouts"], counts["units_spent"]),
+        "informative_rollouts_per_ktoken": div(1000 * counts["num_informative_rollouts"], counts["tokens_spent"]),
+        "informative_tokens_per_token": div(counts["num_informative_tokens"], counts["tokens_spent"]),
+        "informative_rollout_frac": div(counts["num_informative_rollouts"], counts["num_leaves"]),
         "effective_ratio": div(counts["num_mixed_trees"], counts["num_prompts"]),
         "mixed_trees_per_budget": div(counts["num_mixed_trees"], counts["units_spent"]),
         "mixed_anchors_per_budget": div(counts["num_mixed_anchors"], counts["units_spent"]),

@@ -38,7 +38,7 @@ from tracerl.core.allocation import BudgetLedger
 from tracerl.core.calibration import calibration_metrics
 from tracerl.core.growth import grow_trees
 from tracerl.core.methods import get_method
-from tracerl.core.metrics import predictor_targets, ratios, step_counts
+from tracerl.core.metrics import INFORMATIVE_MEASURES, predictor_targets, ratios, raw_advantages, step_counts
 from tracerl.core.predictor import PREDICTORS, make_predictor
 from tracerl.core.tree import Tree
 from tracerl.engines import torch_threads
@@ -226,7 +226,8 @@ class Trainer:
         update_seconds = time.perf_counter() - t0
         # 3. advantages and the policy update
         advantages = compute_advantages(self.method.advantage, trees, cfg.advantages)
-        counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent)
+        counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent,
+                             raw_advantages=raw_advantages(self.method.advantage, trees, advantages, cfg.advantages))
         t0 = time.perf_counter()
         metrics.update(self.update_policy(trees, advantages))
         self.sync_weights()
@@ -241,6 +242,7 @@ class Trainer:
         self.totals["rollouts"] += counts["num_leaves"]
         measures = ratios(counts)
         metrics.update({
+            **{f"alloc/{key}": measures[key] for key in INFORMATIVE_MEASURES},
             "alloc/effective_ratio": measures["effective_ratio"],
             "alloc/mixed_trees_per_budget": measures["mixed_trees_per_budget"],
             "alloc/mixed_anchors_per_budget": measures["mixed_anchors_per_budget"],

@@ -1,0 +1,102 @@
+"""`tracerl compare`: train several methods (or variants of one) on the same seeds, then write the report.
+
+Each (entry, seed) is one ordinary run (`run_training`) in `<out>/<label>-seed<seed>/` with the same config apart
+from the entry's method and overrides, so every entry gets the same steps, per-step budget, data order and
+held-out questions. An entry is a method preset (`trace`) or a variant with its own overrides in brackets,
+separated by ';' (`trace[allocation.root_share=0.5;allocation.k_max=2]`): the budget-shape and ablation tables
+are comparisons of variants. Runs resume, so a long comparison can be run in pieces (`--seeds 0,1` today,
+`--seeds 2-4` tomorrow) and `--report-only` writes the report from whatever seeds are complete.
+
+The step-0 evaluation does not depend on the method (same policy, questions and sampling seed), so it is run
+once per seed and shared. The report itself (paired differences, equal-token reading, plots) is
+`tracerl.report.compare`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tracerl.report.compare import run_dir_name, write_report
+from tracerl.train.config import load_config
+from tracerl.train.trainer import run_training
+
+Say = Callable[[str], None]
+
+
+def parse_entries(text: str) -> list[tuple[str, str, list[str]]]:
+    """"grpo,trace[allocation.root_share=0.5;allocation.k_max=2]" -> [(label, method, overrides), ...]."""
+    entries, depth, current = [], 0, ""
+    for char in text + ",":
+        if char == "," and depth == 0:
+            if current.strip():
+                entries.append(current.strip())
+            current = ""
+            continue
+        depth += (char == "[") - (char == "]")
+        if depth < 0:
+            raise ValueError(f"--methods {text!r}: a ']' without its '['")
+        current += char
+    if depth:
+        raise ValueError(f"--methods {text!r}: a '[' without its ']'")
+    out = []
+    for entry in entries:
+        method, _, rest = entry.partition("[")
+        overrides = [o.strip() for o in rest.rstrip("]").split(";") if o.strip()] if rest else []
+        if rest and not entry.endswith("]"):
+            raise ValueError(f"--methods entry {entry!r}: overrides go in brackets at the end, e.g. "
+                             "trace[allocation.root_share=0.5]")
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise ValueError(f"--methods entry {entry!r}: {bad} are not key=value overrides")
+        out.append((entry, method.strip(), overrides))
+    labels = [label for label, _, _ in out]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--methods {text!r} names an entry twice")
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"5" -> seeds 0..4 (a count); "0,3" or "2-4" -> those seeds."""
+    text = str(text).strip()
+    if text.isdigit():
+        if int(text) < 1:
+            raise ValueError(f"--seeds {text}: give a count >= 1, or a list such as 0,3 or 2-4")
+        return list(range(int(text)))
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"--seeds {text!r}: give a count (5), a list (0,3) or a range (2-4)")
+        seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return sorted(set(seeds))
+
+
+def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
+                overrides: Sequence[str] = (), say: Say = print, baseline: str = "grpo",
+                report_only: bool = False, all_seeds: Sequence[int] | None = None) -> str:
+    """Train every entry on every seed in `seeds` (or finish what is there), then write and return the report
+    over `all_seeds` (default: `seeds`), using the seeds complete for every entry."""
+    out = Path(out)
+    entries = parse_entries(methods if isinstance(methods, str) else ",".join(methods))
+    if not entries:
+        raise ValueError("--methods is empty; name at least one preset, e.g. --methods grpo,trace")
+    configs = {(label, s): load_config(config_path, [*overrides, *extra, f"method={method}", f"run.seed={s}",
+                                                     f"run.out_dir={out / run_dir_name(label, s)}",
+                                                     "run.progress=false"])
+               for s in seeds for label, method, extra in entries}  # every config is checked before the first run
+    if not report_only:
+        for s in seeds:
+            initial = None
+            for label, _, _ in entries:
+                say(f"compare: {label}, seed {s}")
+                result = run_training(configs[(label, s)], resume=True, say=say, initial_eval=initial)
+                initial = result["before"]
+                say(f"  held-out success {result['before']['eval/success']:.1%} -> "
+                    f"{result['after']['eval/success']:.1%}")
+    labels = [label for label, _, _ in entries]
+    command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds "
+               + ",".join(map(str, all_seeds or seeds)) + (f" --config {config_path}" if config_path else "")
+               + "".join(f" --set {shlex.quote(o)}" for o in overrides) + f" --baseline {baseline}")
+    return write_report(out, labels, list(all_seeds or seeds), baseline, command, say)

@@ -1,0 +1,93 @@
+"""The comparison report read from run directories written by hand: equal-token reading, pairing, complete seeds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tracerl.io.runlog import RunLog
+from tracerl.report.compare import complete_seeds, run_dir_name, summarize, to_markdown, write_report
+
+pytest.importorskip("matplotlib")
+
+
+def write_run(out, label, seed, evals, tokens_per_step, units_per_step=128.0, informative=0.5):
+    """evals: {step: per-question success list}; one train row per step with cumulative units and tokens."""
+    log = RunLog(out / run_dir_name(label, seed))
+    last = max(evals)
+    for step in range(0, last + 1):
+        if step:
+            log.write("train", step, {"rollout/cum_units": units_per_step * step,
+                                      "rollout/cum_tokens": tokens_per_step * step,
+                                      "alloc/informative_rollouts_per_budget": informative,
+                                      "alloc/effective_ratio": 0.5})
+        if step in evals:
+            per = np.asarray(evals[step], dtype=float)
+            log.write("eval", step, {"eval/success": float(per.mean()), "eval/success_se": 0.01,
+                                     "eval/per_prompt": per.tolist(), "rollout/cum_units": units_per_step * step,
+                                     "rollout/cum_tokens": tokens_per_step * step})
+
+
+def test_a_method_twice_as_cheap_in_tokens_is_read_at_the_baselines_token_count(tmp_path):
+    # grpo: 0.2 -> 0.4 over 4 steps at 1000 tokens a step; trace: same success curve per step at 500 tokens a step,
+    # so at grpo's final 4000 tokens trace has run all its 4 steps (2000 tokens) -- not enough: flagged -- and at
+    # equal units both are at 0.4
+    q = 4
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * q, 2: [0.3] * q, 4: [0.4] * q}, 1000)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * q, 2: [0.3] * q, 4: [0.5] * q}, 500)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1, 2])
+    assert kept == [0, 1]
+    summary = summarize(runs, "grpo", kept)
+    trace = summary["methods"]["trace"]
+    assert trace["diff_at_equal_units"]["mean"] == pytest.approx(0.1)
+    assert trace["diff_at_equal_tokens"]["mean"] == pytest.approx(0.1)
+    assert trace["seeds_short_of_tokens"] == 2
+    # trace reaches grpo's final 0.4 halfway between its evaluations at 1000 and 2000 tokens
+    assert trace["tokens_to_baseline"] == pytest.approx(1500.0)
+    assert trace["share_of_baseline_tokens"] == pytest.approx(1500 / 4000)
+    assert summary["methods"]["grpo"]["diff_at_equal_tokens"]["mean"] == 0.0
+
+
+def test_equal_tokens_interpolates_a_method_that_spends_more(tmp_path):
+    for seed in (0, 1, 2):
+        write_run(tmp_path, "grpo", seed, {0: [0.0, 0.0], 4: [0.5, 0.5]}, 1000)
+        # pcl spends 2000 tokens a step: at 4000 tokens it is at step 2, halfway along its 0 -> 0.8 line
+        write_run(tmp_path, "pcl", seed, {0: [0.0, 0.0], 4: [0.8, 0.8 + 0.05 * seed]}, 2000)
+    _, runs = complete_seeds(tmp_path, ["grpo", "pcl"], [0, 1, 2])
+    pcl = summarize(runs, "grpo", [0, 1, 2])["methods"]["pcl"]
+    per_seed = [0.4 + 0.025 * s / 2 - 0.5 for s in (0, 1, 2)]  # mean over the two questions at half the curve
+    assert pcl["diff_at_equal_tokens"]["per_seed"] == pytest.approx(per_seed)
+    assert pcl["seeds_short_of_tokens"] == 0
+    assert pcl["diff_at_equal_units"]["mean"] == pytest.approx(np.mean([0.8 + 0.025 * s - 0.5 for s in (0, 1, 2)]))
+    lo, hi = pcl["diff_at_equal_tokens"]["lo"], pcl["diff_at_equal_tokens"]["hi"]
+    assert lo < pcl["diff_at_equal_tokens"]["mean"] < hi
+
+
+def test_unfinished_seeds_are_left_out_and_the_report_says_which(tmp_path):
+    write_run(tmp_path, "grpo", 0, {0: [0.1, 0.2], 2: [0.3, 0.2]}, 100)
+    write_run(tmp_path, "trace", 0, {0: [0.1, 0.2], 2: [0.4, 0.2]}, 100)
+    write_run(tmp_path, "grpo", 1, {0: [0.1, 0.2], 2: [0.3, 0.2]}, 100)
+    write_run(tmp_path, "trace", 1, {0: [0.1, 0.2]}, 100)  # stopped before its first step
+    said = []
+    report = write_report(tmp_path, ["grpo", "trace"], [0, 1], "grpo", "cmd", say=said.append)
+    assert "seeds [0]" in said[0]
+    assert "1 seed(s) (0)" in report and "normal over questions" in report
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["seeds"] == [0]
+    for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with pytest.raises(ValueError, match="no seed with a finished run"):
+        write_report(tmp_path, ["grpo", "pcl"], [0], "grpo", "cmd")
+
+
+def test_markdown_shows_the_paired_intervals(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 3, 2: [0.4] * 3}, 100)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * 3, 2: [0.5 + 0.1 * seed] * 3}, 100)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
+    text = to_markdown(summarize(runs, "grpo", kept), "cmd")
+    row = next(line for line in text.splitlines() if line.startswith("| trace") and "[" in line)
+    assert "+15.0 [" in row and "Student's t" in text
