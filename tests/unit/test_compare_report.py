@@ -91,3 +91,25 @@ def test_markdown_shows_the_paired_intervals(tmp_path):
     text = to_markdown(summarize(runs, "grpo", kept), "cmd")
     row = next(line for line in text.splitlines() if line.startswith("| trace") and "[" in line)
     assert "+15.0 [" in row and "Student's t" in text
+
+
+def test_runs_logged_without_informative_measures_get_them_from_their_saved_trees(tmp_path):
+    from tracerl.core.tree import Segment, Tree
+    from tracerl.io.runlog import write_trees
+    from tracerl.report.compare import load_run
+
+    run_dir = tmp_path / run_dir_name("grpo", 0)
+    log = RunLog(run_dir)
+    log.write("train", 1, {"rollout/units": 6.0, "rollout/tokens": 30, "rollout/cum_units": 6.0,
+                           "rollout/cum_tokens": 30})
+    (run_dir / "config.json").write_text(json.dumps({"method": "grpo", "advantages": {"eps": 1e-6}}))
+    trees = []
+    for prompt_id, rewards in (("mixed", [1, 0, 0]), ("all-fail", [0, 0, 0])):
+        tree = Tree.new(prompt_id, "prompt")
+        for r in rewards:
+            tree.add_child(0, Segment.text_only("answer", "", 5, 0), reward=r)
+        trees.append(tree.to_dict())
+    write_trees(run_dir, 1, {"step": 1, "method": "grpo", "pool": [], "trees": trees})
+    row = load_run(run_dir)["train"][0]
+    assert row["alloc/informative_rollouts_per_budget"] == pytest.approx(3 / 6)
+    assert row["alloc/informative_tokens_per_token"] == pytest.approx(15 / 30)

@@ -46,7 +46,38 @@ def run_dir_name(label: str, seed: int) -> str:
 
 def load_run(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     rows = read_metrics(run_dir)
-    return {"train": [r for r in rows if r["kind"] == "train"], "eval": [r for r in rows if r["kind"] == "eval"]}
+    run = {"train": [r for r in rows if r["kind"] == "train"], "eval": [r for r in rows if r["kind"] == "eval"]}
+    if run["train"] and "alloc/informative_rollouts_per_budget" not in run["train"][-1]:
+        _informative_from_trees(run_dir, run["train"])
+    return run
+
+
+def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
+    """Fill in the informative-sample measures of runs logged before they were, from the saved trees (the
+    advantages are a pure function of the trees and the run's estimator). Steps without trees stay without."""
+    import dataclasses
+
+    from tracerl.core.advantages import AdvantageConfig, compute_advantages
+    from tracerl.core.metrics import INFORMATIVE_MEASURES, raw_advantages, ratios, step_counts
+    from tracerl.core.methods import get_method
+    from tracerl.core.tree import Tree
+
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        return
+    config = json.loads(config_path.read_text())
+    known = {f.name for f in dataclasses.fields(AdvantageConfig)}
+    adv_config = AdvantageConfig(**{k: v for k, v in config.get("advantages", {}).items() if k in known})
+    estimator = get_method(config["method"]).advantage
+    for row in train:
+        try:
+            trees = [Tree.from_dict(t) for t in read_trees(run_dir, row["step"])["trees"]]
+        except ValueError:
+            continue
+        advantages = compute_advantages(estimator, trees, adv_config)
+        raw = raw_advantages(estimator, trees, advantages, adv_config)
+        counts = step_counts(trees, advantages, row["rollout/units"], row["rollout/tokens"], raw_advantages=raw)
+        row.update({f"alloc/{key}": value for key, value in ratios(counts).items() if key in INFORMATIVE_MEASURES})
 
 
 def complete_seeds(out: Path, labels: list[str], seeds: list[int]) -> tuple[list[int], dict[str, list[dict]]]:
