@@ -429,5 +429,5 @@ def test_state_features_never_read_the_gold_answer(gappy):
         assert [state_features(h) for h in a] == [state_features(h) for h in b]
     from tracerl.core.history import History
 
-    assert state_features(History("Who is the mentor of Arlo Venn?", 0, prompt_id="math:train:1")) == {}, \
-        "another data source's histories get no multihop features"
+    assert state_features(History("Who is the mentor of Arlo Venn?", 0, prompt_id="other:train:1")) == {}, \
+        "a data source without a hook gets no state features"

@@ -4,9 +4,11 @@ Trees are recorded once: by default `num_steps` steps of the `trace` method on t
 (steered by the numpy predictor, fixed seed, as in `tracerl bench alloc`), or the saved trees of a training
 run (`run_dir`, written with run.save_trees=true). Every predictor then replays the same sequence: at each
 step it predicts the step's nodes (scored *before* learning from them, as the trainer does), then updates on
-their backed-up targets (Vhat, weight n). Reported per predictor: Brier, ECE and AUC pooled over the steps
-after `warmup_steps`, and the cost in seconds per 1,000 prefixes of `predict` and of `update` (wall clock,
-torch threads 1), plus the seconds it took to build (model loading).
+their backed-up targets (Vhat, weight n). Replaying a run, `hashed_logistic` takes the options the run
+trained it with (its config.json); on the simulator, those of `tracerl bench alloc`. Reported per predictor:
+Brier, ECE and AUC pooled over the steps after `warmup_steps` (AUC and ECE also apart for roots, which stage 1
+reads, and prefixes, which stage 2 reads), and the cost in seconds per 1,000 prefixes of `predict` and of
+`update` (wall clock, torch threads 1), plus the seconds it took to build (model loading).
 
 `lm_value` runs on a tiny *random* Qwen3 with a tokenizer trained on the recorded texts: an untrained tiny
 LM is a plumbing and cost check, not a claim about what a pretrained LM's hidden state is worth.
@@ -135,6 +137,12 @@ def _options(name: str, cfg: PredictorBenchConfig, lm_dir: Callable[[], Path]) -
     if name == "constant":
         return {"track_mean": True}
     if name == "hashed_logistic":
+        if cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists():  # the options the run trained it with
+            import json
+
+            trained = json.loads((Path(cfg.run_dir) / "config.json").read_text()).get("predictor", {})
+            if trained.get("name") == name:
+                return {**trained.get("options", {}), "seed": cfg.seed}
         return {"seed": cfg.seed, "l2": 1e-3}  # the setting `tracerl bench alloc` uses
     if name == "lm_value":
         path = str(lm_dir())

@@ -64,8 +64,10 @@ def register_state_features(data_source: str, hook: StateFeatures) -> None:
 
 
 def state_features(history: History) -> dict[str, float]:
-    """The registered hook's features for the history's data source (the `prompt_id` up to its first ':'), or {}."""
-    hook = STATE_FEATURES.get(history.prompt_id.split(":", 1)[0])
+    """The registered hook's features for the history's data source (the `prompt_id` up to its first ':', or that
+    up to its first '/': "math/gsm_symbolic" falls back to "math"), or {}."""
+    source = history.prompt_id.split(":", 1)[0]
+    hook = STATE_FEATURES.get(source) or STATE_FEATURES.get(source.split("/", 1)[0])
     return hook(history) if hook else {}
 
 NUM_STRUCTURAL = len(STRUCTURAL_COLUMNS)
