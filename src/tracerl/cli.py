@@ -162,6 +162,8 @@ def _warmstart(args: argparse.Namespace) -> int:
 
 
 def _regime(args: argparse.Namespace) -> int:
+    import os
+    import shlex
     from pathlib import Path
 
     from tracerl.bench import regime
@@ -172,7 +174,9 @@ def _regime(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text + "\n")
+        command = "tracerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        out.with_suffix(".md").write_text(f"`{command}` on a {os.cpu_count()}-core machine, torch threads "
+                                          f"{config.run.num_threads}\n\n{text}\n")
         out.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
     print(text)
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,6 @@ def to_markdown(result: dict[str, Any]) -> str:
                      f"{row['all_success']:.1%} | {row['mean_success']:.3f} | {row['histogram']} |")
     if "split" in result:
         lines += ["", f"{result['overall']['num_prompts']} {result['split']} prompts x {n} samples at temperature "
-                  f"{result['temperature']}, seed {result['seed']}, policy {result['policy']}; "
+                  f"{result['temperature']}, seed {result['seed']}, policy {Path(result['policy']).name}; "
                   f"{result['seconds']:.0f} s."]
     return "\n".join(lines)
