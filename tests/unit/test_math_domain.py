@@ -258,3 +258,12 @@ def test_math_state_features_read_the_transcript_only():
     assert state_features(failed)["last=error"]
     forged = History(root.text, 0, prompt_id=root.prompt_id, meta={"ground_truth": "8"})
     assert state_features(forged) == state_features(root), "the gold answer must not change the features"
+
+
+def test_math_state_features_survive_a_cut_off_call():
+    from tracerl.core.features import state_features
+    from tracerl.core.history import History
+
+    cut = History('What is 2 + 2?\n<tool_call>{"name": "python", "arguments": {"code": "print(2', 1,
+                  prompt_id="math:train:0")
+    assert state_features(cut)["calls=1"]

@@ -422,3 +422,20 @@ def test_state_features_get_columns_of_their_own_and_drive_predictions():
         assert gap[0] > 0.4 and abs(gap[1]) < 0.1, gap
     finally:
         STATE_FEATURES.pop("toystate")
+
+
+def test_registered_state_hooks_take_any_model_text():
+    """Bad model output is data: every domain's hook returns features for garbage, cut-off calls and empty text."""
+    import tracerl.io.domains.funcall  # noqa: F401  (registers the hooks)
+    import tracerl.io.domains.math  # noqa: F401
+    import tracerl.io.domains.multihop  # noqa: F401
+    from tracerl.core.features import state_features
+
+    rng = np.random.default_rng(0)
+    alphabet = list("ab <>/{}\":\n?") + ["<tool_call>", "</tool_call>", "error:", "Who is the mentor of ", "Error"]
+    texts = ["", "\n", "<tool_call>", "Who is the mentor of Arlo Venn?\n<tool_call>{\"name\": \"search\""]
+    texts += ["".join(rng.choice(alphabet, size=int(rng.integers(1, 40)))) for _ in range(200)]
+    for source in ("multihop", "math/chain_sum", "funcall"):
+        for depth, text in enumerate(texts):
+            out = state_features(History(text, depth % 5, prompt_id=f"{source}:train:0"))
+            assert all(isinstance(v, float) for v in out.values()), (source, text)

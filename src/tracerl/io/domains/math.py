@@ -275,7 +275,8 @@ def history_state(history: History) -> dict[str, float]:
     (its size), programs run so far, and what the last one printed (a bare number, an error, other text)."""
     lines = history.text.split("\n")
     calls = sum("<tool_call>" in line for line in lines)
-    after = history.text.rsplit("</tool_call>", 1)[1].strip() if calls else ""
+    _, closed, after = history.text.rpartition("</tool_call>")
+    after = after.strip() if closed else ""  # a call cut off before its closing tag printed nothing
     last = "none" if not calls else "error" if re.search(r"Error|Traceback|timed out", after) else \
         "number" if _PLAIN_NUMBER.fullmatch(after.split("\n")[0].strip()) else "text"
     return {f"question_numbers={min(len(_PLAIN_NUMBER.findall(lines[0])), 8)}": 1.0, f"calls={min(calls, 3)}": 1.0,
