@@ -160,6 +160,27 @@ def _warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _regime(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    from pathlib import Path
+
+    from tracerl.bench import regime
+
+    config = _train_config(args)
+    result = regime.run(config, args.split, args.prompts, args.samples, args.temperature, args.seed, say=_say)
+    text = regime.to_markdown(result)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = "tracerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        out.with_suffix(".md").write_text(f"`{command}` on a {os.cpu_count()}-core machine, torch threads "
+                                          f"{config.run.num_threads}\n\n{text}\n")
+        out.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
+    print(text)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from tracerl.serve import run_server
@@ -291,6 +312,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--keep", action="store_true", help="load a cached build if there is one instead of rebuilding")
     p.set_defaults(func=_warmstart)
+
+    p = sub.add_parser("regime", help="a policy's per-prompt success at n samples: all-fail / mixed / all-success "
+                                      "shares, overall and by question type")
+    _add_run_options(p)
+    p.add_argument("--split", default="train", help="rows to sample: train (default), test or warmup")
+    p.add_argument("--prompts", type=int, default=256, help="prompts to sample (default 256)")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt, n (default 8, GRPO's group)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the rows drawn and of sampling")
+    p.add_argument("--out", help="write the table to OUT.md and the numbers to OUT.json")
+    p.set_defaults(func=_regime)
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)

@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 
 TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150, "sft_steps": 300,
                "vocab_size": 500, "hidden_size": 64, "max_turns": 4, "max_tokens_per_turn": 40,
-               "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2}
+               "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2,
+               "unanswerable_share": 0.0, "missing_kinds": [], "warmup_fraction": 0.0}
 
 
 @pytest.fixture(scope="session")

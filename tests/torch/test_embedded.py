@@ -25,6 +25,7 @@ from tracerl.policy.embedded import (
 )
 
 SMALL = EmbeddedConfig(num_entities=40, num_distractors=8, hops=(2, 3), num_train_rows=48, p_noise_turn=0.3,
+                       unanswerable_share=0.0,
                        vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_steps=30,
                        batch_size=4, lr=1e-2, num_eval_prompts=4, eval_samples_per_prompt=2)
 

@@ -165,3 +165,32 @@ def test_snapshot_restore_resumes_the_exact_api_state():
     env.step(format_tool_call("deposit", {"account": account, "amount": 50}))
     env.restore(snap)  # the snapshot is untouched by what ran after the first restore
     assert api_state(env.state["apis"]) == before
+
+
+def test_state_features_count_the_executed_calls_from_the_transcript_only():
+    from tracerl.core.features import state_features
+    from tracerl.core.history import History
+
+    domain = FuncallDomain()
+    row = domain.rows("test", 1, seed=3)[0]
+    env, turns, parts = domain.make_env(), [], [row["prompt"][-1]["content"]]
+    env.reset(row)
+    histories = [History(parts[0], 0, prompt_id=f"funcall:test:{row['extra_info']['index']}")]
+    while len(turns) < len(row["reward_model"]["ground_truth"]["calls"]):
+        action = domain.expert_turn(row, turns, np.random.default_rng(0))
+        result = env.step(action)
+        turns.append((action, result.observation))
+        parts += [action, result.observation]
+        histories.append(History("\n".join(parts), len(turns), prompt_id=histories[0].prompt_id))
+    for depth, h in enumerate(histories):
+        f = state_features(h)
+        assert f[f"calls_ran={min(depth, 4)}"] and f["calls_failed=0"] and f["last=none" if depth == 0 else "last=ran"]
+    bad = History(parts[0] + "\n" + format_tool_call("cd", {"folder": "nowhere"}) + "\nerror: cd failed: KeyError",
+                  1, prompt_id=histories[0].prompt_id)
+    assert state_features(bad)["last=error"] and state_features(bad)["calls_failed=1"]
+    forged = json.loads(json.dumps(row))
+    forged["reward_model"]["ground_truth"]["answer"] = "something else"
+    assert state_features(histories[-1]) == state_features(History(histories[-1].text, histories[-1].depth,
+                                                                      prompt_id=histories[0].prompt_id,
+                                                                      meta={"row": forged})), \
+        "the features depend on the history only"

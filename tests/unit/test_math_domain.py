@@ -241,3 +241,29 @@ def test_expert_first_turn_is_a_python_call(domain, test_rows):
         if row["extra_info"]["expression"]:  # computed from the question's own numbers, not the answer
             assert row["extra_info"]["expression"] in code
     assert domain.expert_turn(test_rows[0], [("call", "  17\n")], rng) == "<answer>17</answer>"
+
+
+def test_math_state_features_read_the_transcript_only():
+    from tracerl.core.features import state_features
+    from tracerl.core.history import History
+
+    question = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(3 + 4)"}}</tool_call>'
+    root = History(question, 0, prompt_id="math/gsm_symbolic:train:0", meta={"ground_truth": "7"})
+    ran = History(f"{question}\nLet me compute it.\n{call}\n7", 1, prompt_id="math/gsm_symbolic:train:0")
+    failed = History(f"{question}\n{call}\nTraceback (most recent call last):\nNameError: x", 1,
+                     prompt_id="gsm8k:test:4")
+    assert state_features(root) == {"question_numbers=2": 1.0, "calls=0": 1.0, "last=none": 1.0}
+    assert state_features(ran)["last=number"] and state_features(ran)["calls=1"]
+    assert state_features(failed)["last=error"]
+    forged = History(root.text, 0, prompt_id=root.prompt_id, meta={"ground_truth": "8"})
+    assert state_features(forged) == state_features(root), "the gold answer must not change the features"
+
+
+def test_math_state_features_survive_a_cut_off_call():
+    from tracerl.core.features import state_features
+    from tracerl.core.history import History
+
+    cut = History('What is 2 + 2?\n<tool_call>{"name": "python", "arguments": {"code": "print(2', 1,
+                  prompt_id="math:train:0")
+    assert state_features(cut)["calls=1"]

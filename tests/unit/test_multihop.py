@@ -90,14 +90,48 @@ def test_splits_are_disjoint_deterministic_and_share_entities(domain):
     assert not unseen, f"test entities never seen in training: {sorted(unseen)[:5]}"
 
 
-def test_a_split_can_be_drawn_whole_even_when_a_hop_count_runs_out():
-    small = MultiHopDomain(num_entities=20, num_distractors=0)
-    pool = small.questions("test")
-    assert len(pool[2]) < len(pool[4]), "premise: fewer 2-hop than 4-hop chains"
-    rows = small.rows("test", sum(map(len, pool.values())), seed=5)
-    assert sorted(r["prompt"][-1]["content"] for r in rows) == sorted(q.text for qs in pool.values() for q in qs)
-    first = [r["extra_info"]["hops"] for r in rows[: 3 * len(pool[2]) // 2]]
-    assert abs(first.count(2) - first.count(4)) < len(first) / 4, "hop counts are uniform while questions last"
+def test_every_split_keeps_the_hop_mix_even_when_short_questions_run_out():
+    small = MultiHopDomain(num_entities=40, num_distractors=0, hops=(1, 3), hop_mix=(1, 1, 2))
+    pool = small.questions("train")
+    assert len(pool[1]) < 600 / 4, "premise: fewer 1-hop questions than the mix asks for"
+    for split in ("train", "test"):
+        hops = [r["extra_info"]["hops"] for r in small.rows(split, 600, seed=5)]
+        assert abs(hops.count(1) / 600 - 0.25) < 0.06 and abs(hops.count(3) / 600 - 0.5) < 0.06, hops[:20]
+    first = small.rows("train", len(pool[1]) // 2, seed=5)
+    texts = [r["prompt"][-1]["content"] for r in first]
+    assert len(set(texts)) == len(texts), "rows are distinct until a stratum runs out"
+
+
+def test_warmup_questions_are_apart_from_train_and_test():
+    domain = MultiHopDomain(num_entities=60, num_distractors=10, warmup_fraction=0.3)
+    text = lambda rows: {r["prompt"][-1]["content"] for r in rows}  # noqa: E731
+    warm, train, test = (text(domain.rows(s, 300, seed=0)) for s in ("warmup", "train", "test"))
+    assert not warm & train and not warm & test and not train & test
+    shared = MultiHopDomain(num_entities=60, num_distractors=10)
+    train_pool = {q.text for qs in shared.questions("train").values() for q in qs}
+    assert text(shared.rows("warmup", 50, seed=0)) <= train_pool, \
+        "without warmup_fraction the warm start draws from the training questions"
+
+
+def test_unanswerable_questions_need_a_document_missing_from_the_corpus():
+    domain = MultiHopDomain(num_entities=80, num_distractors=20, hops=(1, 3), missing_share=0.2,
+                            unanswerable_share=0.3)
+    titles = {d["title"] for d in domain.index.documents}
+    rows = domain.rows("train", 400, seed=1)
+    closed = [r for r in rows if not r["extra_info"]["answerable"]]
+    assert 0.22 < len(closed) / len(rows) < 0.38
+    for r in rows:
+        needed = [r["extra_info"]["start"], *r["extra_info"]["path"][:-1]]
+        assert bool(set(needed) & domain.missing) != r["extra_info"]["answerable"]
+    assert titles and not titles & domain.missing
+    env = domain.make_env()
+    for r in closed[:20]:  # the expert's search for the missing entity never shows its document
+        env.reset(r)
+        entity = next(e for e in [r["extra_info"]["start"], *r["extra_info"]["path"][:-1]] if e in domain.missing)
+        result = env.step(call("search", query=entity))
+        assert not any(line.startswith(f"{entity}: ") for line in result.observation.splitlines())
+    with pytest.raises(ValueError, match="needs missing_share"):
+        MultiHopDomain(unanswerable_share=0.2)
 
 
 def test_bad_options_and_oversized_requests_raise_clearly():
@@ -105,10 +139,13 @@ def test_bad_options_and_oversized_requests_raise_clearly():
         MultiHopDomain(hops=(3, 2))
     with pytest.raises(ValueError, match="lower num_distractors"):
         make_kb(20, 200, seed=0)
-    small = MultiHopDomain(num_entities=20, num_distractors=0)
+    with pytest.raises(ValueError, match="hop_mix"):
+        MultiHopDomain(hops=(1, 3), hop_mix=(1, 1))
+    small = MultiHopDomain(num_entities=20, num_distractors=0, hops=(1, 2), missing_share=0.01,
+                           unanswerable_share=0.5)
     with pytest.raises(ValueError, match="raise num_entities"):
-        small.rows("test", 5000)
-    with pytest.raises(ValueError, match="expected 'train' or 'test'"):
+        small.rows("test", 500)
+    with pytest.raises(ValueError, match="expected 'train', 'test' or 'warmup'"):
         small.rows("valid", 1)
 
 
@@ -330,3 +367,67 @@ def test_bad_corpus_and_missing_corpus_raise(tmp_path):
     qa = write(tmp_path / "qa.json", [{"question": "q", "answer": "a"}], jsonl=False)
     with pytest.raises(ValueError, match="no corpus.*corpus_path"):
         load_qa_file(qa)
+
+
+# -- state features for the success predictor
+
+def expert_histories(domain, row):
+    """The expert's prefixes as the tree serialises them: question, then each turn's action and observation."""
+    from tracerl.core.history import History
+
+    env, turns, parts = domain.make_env(), [], [row["prompt"][-1]["content"]]
+    env.reset(row)
+    histories = [History(parts[0], 0, prompt_id="multihop:train:0")]
+    for depth in range(1, 9):
+        action = domain.expert_turn(row, turns, np.random.default_rng(0))
+        result = env.step(action)
+        if result.done:
+            return histories, result.reward
+        turns.append((action, result.observation))
+        parts += [action, result.observation]
+        histories.append(History("\n".join(parts), depth, prompt_id="multihop:train:0", meta={"gold": "x"}))
+    return histories, 0.0
+
+
+@pytest.fixture(scope="module")
+def gappy():
+    return MultiHopDomain(num_entities=80, num_distractors=20, hops=(1, 4), search_k=1, missing_share=0.2,
+                          unanswerable_share=0.5)
+
+
+def test_state_features_replay_the_chain_from_the_transcript(gappy):
+    from tracerl.core.features import state_features
+    from tracerl.io.domains.multihop import parse_question
+
+    rows = gappy.rows("train", 40, seed=3)
+    for row in rows:
+        info = row["extra_info"]
+        assert parse_question(row["prompt"][-1]["content"]) == (info["start"], info["relations"])
+        histories, reward = expert_histories(gappy, row)
+        assert reward == float(info["answerable"])
+        first = state_features(histories[0])
+        assert first[f"hops={info['hops']}"] == 1 and first[f"remaining={info['hops']}"] == 1 and first["last=none"]
+        if info["answerable"]:  # every search resolves a hop
+            for depth, h in enumerate(histories[1:], 1):
+                f = state_features(h)
+                assert f[f"remaining={info['hops'] - depth}"] == 1 and f["last=advanced"] and f["wasted=0"], f
+        else:  # the search for the entity without a document fails, and the features say so
+            f = state_features(histories[-1])
+            assert f["last=failed"] and "wasted=0" not in f and "remaining=0" not in f, f
+
+
+def test_state_features_never_read_the_gold_answer(gappy):
+    """The hook sees a History only; changing the row's gold answer and path leaves the transcript and features."""
+    from tracerl.core.features import state_features
+
+    for row in gappy.rows("train", 20, seed=4):
+        forged = json.loads(json.dumps(row))
+        forged["reward_model"]["ground_truth"] = "Nobody Atall"
+        forged["extra_info"]["path"] = ["Nobody Atall"] * len(row["extra_info"]["path"])
+        a, b = expert_histories(gappy, row)[0], expert_histories(gappy, forged)[0]
+        assert [h.text for h in a] == [h.text for h in b]
+        assert [state_features(h) for h in a] == [state_features(h) for h in b]
+    from tracerl.core.history import History
+
+    assert state_features(History("Who is the mentor of Arlo Venn?", 0, prompt_id="other:train:1")) == {}, \
+        "a data source without a hook gets no state features"

@@ -393,3 +393,49 @@ def test_recalibration_keeps_a_calibrated_model_near_identity_and_round_trips():
     np.testing.assert_array_equal(copy.predict(probe), predictor.predict(probe))
     with pytest.raises(ValueError, match="calibration_window"):
         HashedLogisticPredictor(calibration_window=0)
+
+
+def test_state_features_get_columns_of_their_own_and_drive_predictions():
+    """A domain hook's named features land in the state block; text that says nothing is then enough to rank."""
+    from tracerl.core.features import STATE_FEATURES, HashedFeatures, register_state_features
+
+    register_state_features("toystate", lambda h: {"on_track": 1.0} if "ok" in h.meta.get("tag", "") else
+                            {"off_track": 1.0})
+    try:
+        rng = np.random.default_rng(0)
+        tags = rng.random(600) < 0.5
+        histories = [History(f"step {i % 7} filler words", 1 + i % 3, prompt_id=f"toystate:train:{i}",
+                             meta={"tag": "ok" if t else "no"}) for i, t in enumerate(tags)]
+        feats = HashedFeatures(num_buckets=64, state_buckets=32)
+        x = feats.transform(histories[:2]).to_dense()
+        assert x.shape == (2, 64 + 5 + 32)
+        assert x[:, 69:].sum(axis=1).tolist() == [1.0, 1.0], "one state column per history"
+        assert HashedFeatures(num_buckets=64).transform(histories[:2]).num_cols == 69, "state_buckets=0: no block"
+        targets = np.where(tags, 0.8, 0.1)
+        with_state = make_predictor("hashed_logistic", num_buckets=64, state_buckets=32, seed=0)
+        text_only = make_predictor("hashed_logistic", num_buckets=64, state_buckets=0, seed=0)
+        for p in (with_state, text_only):
+            for step in range(8):  # eight steps of 50 fresh samples, as a run feeds it
+                p.update(histories[50 * step: 50 * step + 50], targets[50 * step: 50 * step + 50])
+        held_out = (with_state.predict(histories[400:]), text_only.predict(histories[400:]))
+        gap = [float(p[tags[400:]].mean() - p[~tags[400:]].mean()) for p in held_out]
+        assert gap[0] > 0.4 and abs(gap[1]) < 0.1, gap
+    finally:
+        STATE_FEATURES.pop("toystate")
+
+
+def test_registered_state_hooks_take_any_model_text():
+    """Bad model output is data: every domain's hook returns features for garbage, cut-off calls and empty text."""
+    import tracerl.io.domains.funcall  # noqa: F401  (registers the hooks)
+    import tracerl.io.domains.math  # noqa: F401
+    import tracerl.io.domains.multihop  # noqa: F401
+    from tracerl.core.features import state_features
+
+    rng = np.random.default_rng(0)
+    alphabet = list("ab <>/{}\":\n?") + ["<tool_call>", "</tool_call>", "error:", "Who is the mentor of ", "Error"]
+    texts = ["", "\n", "<tool_call>", "Who is the mentor of Arlo Venn?\n<tool_call>{\"name\": \"search\""]
+    texts += ["".join(rng.choice(alphabet, size=int(rng.integers(1, 40)))) for _ in range(200)]
+    for source in ("multihop", "math/chain_sum", "funcall"):
+        for depth, text in enumerate(texts):
+            out = state_features(History(text, depth % 5, prompt_id=f"{source}:train:0"))
+            assert all(isinstance(v, float) for v in out.values()), (source, text)

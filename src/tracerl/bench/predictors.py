@@ -4,9 +4,11 @@ Trees are recorded once: by default `num_steps` steps of the `trace` method on t
 (steered by the numpy predictor, fixed seed, as in `tracerl bench alloc`), or the saved trees of a training
 run (`run_dir`, written with run.save_trees=true). Every predictor then replays the same sequence: at each
 step it predicts the step's nodes (scored *before* learning from them, as the trainer does), then updates on
-their backed-up targets (Vhat, weight n). Reported per predictor: Brier, ECE and AUC pooled over the steps
-after `warmup_steps`, and the cost in seconds per 1,000 prefixes of `predict` and of `update` (wall clock,
-torch threads 1), plus the seconds it took to build (model loading).
+their backed-up targets (Vhat, weight n). Replaying a run, `hashed_logistic` takes the options the run
+trained it with (its config.json); on the simulator, those of `tracerl bench alloc`. Reported per predictor:
+Brier, ECE and AUC pooled over the steps after `warmup_steps` (AUC and ECE also apart for roots, which stage 1
+reads, and prefixes, which stage 2 reads), and the cost in seconds per 1,000 prefixes of `predict` and of
+`update` (wall clock, torch threads 1), plus the seconds it took to build (model loading).
 
 `lm_value` runs on a tiny *random* Qwen3 with a tokenizer trained on the recorded texts: an untrained tiny
 LM is a plumbing and cost check, not a claim about what a pretrained LM's hidden state is worth.
@@ -76,6 +78,7 @@ def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
 
 def record_run(run_dir: str | Path) -> list[Step]:
     """Every step's saved trees of a training run (`<run_dir>/trees/step-*.json.gz`), in step order."""
+    import tracerl.io.domains.multihop  # noqa: F401  (registers its state features for the predictors)
     from tracerl.io.runlog import TREES_DIR, read_trees
 
     files = sorted((Path(run_dir) / TREES_DIR).glob("step-*.json.gz"))
@@ -102,7 +105,7 @@ def tiny_lm_dir(texts: list[str], directory: Path, hidden_size: int = 64, seed: 
 
 def evaluate(predictor, steps: list[Step], warmup_steps: int) -> dict[str, float]:
     """Online replay: score each step's nodes, then update on them; pooled measures and per-1k-prefix seconds."""
-    kept_p, kept_t, kept_w = [], [], []
+    kept_p, kept_t, kept_w, kept_root = [], [], [], []
     seconds = {"predict": 0.0, "update": 0.0}
     num_prefixes = 0
     for i, (histories, targets, weights) in enumerate(steps):
@@ -116,8 +119,15 @@ def evaluate(predictor, steps: list[Step], warmup_steps: int) -> dict[str, float
         num_prefixes += len(histories)
         if i >= warmup_steps:
             kept_p.append(p), kept_t.append(targets), kept_w.append(weights)
+            kept_root.append(np.array([h.depth == 0 for h in histories], dtype=bool))
+    nan = {"brier": float("nan"), "ece": float("nan"), "auc": float("nan")}
     row = calibration_metrics(np.concatenate(kept_p), np.concatenate(kept_t), np.concatenate(kept_w)) \
-        if kept_p else {"brier": float("nan"), "ece": float("nan"), "auc": float("nan")}
+        if kept_p else dict(nan)
+    if kept_p:  # stage 1 reads the roots, stage 2 the prefixes: each gets its own measures
+        p, t, w, root = (np.concatenate(a) for a in (kept_p, kept_t, kept_w, kept_root))
+        for name, chosen in (("root", root), ("prefix", ~root)):
+            part = calibration_metrics(p[chosen], t[chosen], w[chosen]) if chosen.any() else nan
+            row.update({f"{k}_{name}": v for k, v in part.items() if k in ("auc", "ece")})
     row.update(predict_s_per_1k=1e3 * seconds["predict"] / max(num_prefixes, 1),
                update_s_per_1k=1e3 * seconds["update"] / max(num_prefixes, 1), num_prefixes=num_prefixes)
     return row
@@ -127,6 +137,12 @@ def _options(name: str, cfg: PredictorBenchConfig, lm_dir: Callable[[], Path]) -
     if name == "constant":
         return {"track_mean": True}
     if name == "hashed_logistic":
+        if cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists():  # the options the run trained it with
+            import json
+
+            trained = json.loads((Path(cfg.run_dir) / "config.json").read_text()).get("predictor", {})
+            if trained.get("name") == name:
+                return {**trained.get("options", {}), "seed": cfg.seed}
         return {"seed": cfg.seed, "l2": 1e-3}  # the setting `tracerl bench alloc` uses
     if name == "lm_value":
         path = str(lm_dir())
@@ -172,13 +188,14 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
             "record_s": record_seconds, "config": config}
 
 
-COLUMNS = ("brier", "ece", "auc", "predict_s_per_1k", "update_s_per_1k", "build_s")
+COLUMNS = ("brier", "ece", "auc", "auc_root", "auc_prefix", "predict_s_per_1k", "update_s_per_1k", "build_s")
 
 
 def to_markdown(result: dict) -> str:
     lines = ["| predictor | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, row in result["predictors"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in ("brier", "ece", "auc") else f"{row[c]:.3f}"
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in ("brier", "ece") or c.startswith("auc")
+                                                else f"{row[c]:.3f}"
                                                 for c in COLUMNS) + " |")
     cfg = result["config"]
     source = f"run {cfg['run_dir']}" if cfg["run_dir"] else f"simulator, method {cfg['method']}, seed {cfg['seed']}"

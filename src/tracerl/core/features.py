@@ -24,6 +24,11 @@ A `History` becomes one sparse row of `num_buckets + NUM_STRUCTURAL` columns:
   equal or better AUC.
 * structural part (column `num_buckets + STRUCTURAL_COLUMNS.index(name)`, see `column`): `bias` = 1,
   `depth`, `num_tool_errors`, `log_tokens` = log1p(num_tokens), `is_root` = 1 if depth == 0 else 0.
+* state part (`state_buckets` columns after the structural ones, 0 by default): the named features a domain
+  computes from the history (`register_state_features`, keyed by the data source that starts the history's
+  `prompt_id`, e.g. multihop: hops remaining, the last search failed), each name hashed (FNV-1a, as a token) to
+  a column. Hashed text n-grams cannot compute such quantities (hops resolved needs the question's chain replayed
+  over the observations); a domain hook reads them from the question and transcript only, never the gold answer.
 
 Nothing uses Python's salted `hash()`: the same text gives the same columns in every process and on
 every platform. Tokenising and hashing run in numpy over the whole batch (no per-token Python loop),
@@ -40,13 +45,31 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from tracerl.core.history import History
 
 STRUCTURAL_COLUMNS = ("bias", "depth", "num_tool_errors", "log_tokens", "is_root")
+StateFeatures = Callable[[History], dict[str, float]]
+STATE_FEATURES: dict[str, StateFeatures] = {}  # data source -> hook; filled by the domains' modules on import
+
+
+def register_state_features(data_source: str, hook: StateFeatures) -> None:
+    """Let `hook(history) -> {name: value}` describe the state of `data_source`'s histories to the predictors.
+
+    The hook must read only what the policy sees (the history's text, depth, counts), never the gold answer."""
+    STATE_FEATURES[data_source] = hook
+
+
+def state_features(history: History) -> dict[str, float]:
+    """The registered hook's features for the history's data source (the `prompt_id` up to its first ':', or that
+    up to its first '/': "math/gsm_symbolic" falls back to "math"), or {}."""
+    source = history.prompt_id.split(":", 1)[0]
+    hook = STATE_FEATURES.get(source) or STATE_FEATURES.get(source.split("/", 1)[0])
+    return hook(history) if hook else {}
+
 NUM_STRUCTURAL = len(STRUCTURAL_COLUMNS)
 MAX_TOKEN_BYTES = 64  # longer tokens (base64 blobs, hashes) are hashed on their first 64 bytes
 
@@ -135,10 +158,11 @@ class HashedFeatures:
     norm_ngrams: texts with more distinct n-grams than this are scaled down by sqrt(D / norm_ngrams);
         raise it if short texts dominate, lower it if long transcripts give over-confident predictions.
     cache_size: texts whose featurised text part is kept (LRU); 0 turns the cache off.
+    state_buckets: columns for the domains' named state features (0 = none); a few hundred keeps collisions rare.
     """
 
     def __init__(self, num_buckets: int = 2**14, ngram: tuple[int, int] = (1, 2), seed: int = 0,
-                 norm_ngrams: int = 64, cache_size: int = 4096):
+                 norm_ngrams: int = 64, cache_size: int = 4096, state_buckets: int = 0):
         if not isinstance(num_buckets, (int, np.integer)) or not 1 <= num_buckets <= 2**24:
             raise ValueError(f"num_buckets={num_buckets!r}; use an int in [1, 2**24] (default 2**14)")
         ngram = tuple(int(n) for n in ngram)
@@ -150,17 +174,20 @@ class HashedFeatures:
             raise ValueError(f"norm_ngrams={norm_ngrams}; use a positive number of n-grams (default 64)")
         if cache_size < 0:
             raise ValueError(f"cache_size={cache_size}; use 0 (no cache) or a positive number of texts")
+        if not 0 <= state_buckets <= 2**16:
+            raise ValueError(f"state_buckets={state_buckets}; use 0 (no state features) up to 65536 (e.g. 256)")
         self.num_buckets = int(num_buckets)
         self.ngram = ngram
         self.seed = int(seed)
         self.norm_ngrams = int(norm_ngrams)
         self.cache_size = int(cache_size)
-        self.num_cols = self.num_buckets + NUM_STRUCTURAL
+        self.state_buckets = int(state_buckets)
+        self.num_cols = self.num_buckets + NUM_STRUCTURAL + self.state_buckets
         self._text_cache: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def config(self) -> dict:
         return {"num_buckets": self.num_buckets, "ngram": list(self.ngram), "seed": self.seed,
-                "norm_ngrams": self.norm_ngrams, "cache_size": self.cache_size}
+                "norm_ngrams": self.norm_ngrams, "cache_size": self.cache_size, "state_buckets": self.state_buckets}
 
     def column(self, name: str) -> int:
         """Column index of a structural feature, e.g. `column("depth")`."""
@@ -178,8 +205,10 @@ class HashedFeatures:
                                  f"num_tool_errors={h.num_tool_errors}, num_tokens={h.num_tokens}")
         text_parts = self._text_parts([h.text for h in histories])
         num = len(histories)
+        state_parts = [self.state_part(h) for h in histories]
         text_len = np.array([c.size for c, _ in text_parts], dtype=np.int64)
-        row_len = text_len + NUM_STRUCTURAL
+        state_len = np.array([c.size for c, _ in state_parts], dtype=np.int64)
+        row_len = text_len + NUM_STRUCTURAL + state_len
         starts = np.cumsum(row_len) - row_len  # where each row's entries begin
         nnz = int(row_len.sum())
         rows = np.repeat(np.arange(num, dtype=np.int32), row_len)
@@ -196,7 +225,26 @@ class HashedFeatures:
         struct_pos = (starts + text_len)[:, None] + np.arange(NUM_STRUCTURAL)  # (num, NUM_STRUCTURAL)
         cols[struct_pos] = self.num_buckets + np.arange(NUM_STRUCTURAL, dtype=np.int32)
         values[struct_pos] = struct
+        if state_len.sum():  # after the structural entries of each row
+            state_pos = np.arange(int(state_len.sum()), dtype=np.int64) + np.repeat(
+                starts + text_len + NUM_STRUCTURAL - (np.cumsum(state_len) - state_len), state_len)
+            cols[state_pos] = np.concatenate([c for c, _ in state_parts])
+            values[state_pos] = np.concatenate([v for _, v in state_parts])
         return SparseBatch(rows, cols, values, num, self.num_cols)
+
+    def state_part(self, history: History) -> tuple[np.ndarray, np.ndarray]:
+        """(columns, values) of the history's named state features, summed per column (names hashed, sorted)."""
+        named = state_features(history) if self.state_buckets else {}
+        if not named:
+            return np.zeros(0, np.int32), np.zeros(0, np.float32)
+        names = sorted(named)
+        buf = np.frombuffer("\n".join(names).encode("utf-8"), dtype=np.uint8)
+        lengths = np.array([len(n.encode("utf-8")) for n in names])
+        starts = np.cumsum(lengths + 1) - lengths - 1
+        hashes = fnv1a_spans(buf, starts, lengths, self.seed) % np.uint64(self.state_buckets)
+        cols, inverse = np.unique(hashes.astype(np.int64), return_inverse=True)
+        values = np.bincount(inverse, weights=[float(named[n]) for n in names], minlength=cols.size)
+        return (cols + self.num_buckets + NUM_STRUCTURAL).astype(np.int32), values.astype(np.float32)
 
     # ------------------------------------------------------------------ text part
     def _text_parts(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:

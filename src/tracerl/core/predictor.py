@@ -113,6 +113,10 @@ class HashedLogisticPredictor(Predictor):
     distinct n-grams is ~150 MB; lower `replay_size` for very long transcripts).
 
     num_buckets, ngram, feature_seed, norm_ngrams: the featuriser (see HashedFeatures).
+    state_buckets: columns for the domains' state features (`features.register_state_features`: e.g. multihop's
+        hops remaining and whether the last search failed), exempt from L2 like the structural ones; 0 = text only.
+        On multihop trees hashed n-grams alone rank prefixes barely better than chance (AUC 0.47-0.56): what decides
+        success is how far the chain got, which no n-gram states (docs/predictors.md has the measurements).
     prior: prediction before any data; set it to the pool's expected success rate if known.
     lr: Adam step size; lower it for smoother, slower-moving predictions.
     l2: L2 penalty on the hashed text weights (the 5 structural ones are exempt); raise it if it overfits.
@@ -149,7 +153,7 @@ class HashedLogisticPredictor(Predictor):
                  norm_ngrams: int = 64, prior: float = 0.5, lr: float = 0.1, l2: float = 1e-2,
                  replay_size: int = 8192, root_replay_size: int = 4096, root_head: bool = True, root_num_epochs: int = 6,
                  recalibrate: bool = True, calibration_window: int = 2048, calibration_ridge: float = 1.0,
-                 num_epochs: int = 2, batch_size: int = 256, seed: int = 0):
+                 num_epochs: int = 2, batch_size: int = 256, seed: int = 0, state_buckets: int = 4096):
         if not 0 < prior < 1:
             raise ValueError(f"prior={prior}; use a probability strictly between 0 and 1 (default 0.5)")
         if lr <= 0 or l2 < 0:
@@ -164,7 +168,7 @@ class HashedLogisticPredictor(Predictor):
             raise ValueError("root_head=True needs root_replay_size >= 1 (the root head fits on the root window); "
                              "set root_head=False to predict roots with the shared model")
         self.features = HashedFeatures(num_buckets=num_buckets, ngram=tuple(ngram), seed=feature_seed,
-                                       norm_ngrams=norm_ngrams)
+                                       norm_ngrams=norm_ngrams, state_buckets=state_buckets)
         self.prior, self.lr, self.l2 = float(prior), float(lr), float(l2)
         self.replay_size, self.num_epochs, self.batch_size = int(replay_size), int(num_epochs), int(batch_size)
         self.root_num_epochs = int(root_num_epochs)
@@ -177,7 +181,7 @@ class HashedLogisticPredictor(Predictor):
         self.heads = {"shared": _Head(num_cols, self.bias_col, self.prior)}
         if self.root_head:
             self.heads["root"] = _Head(num_cols, self.bias_col, self.prior)
-        self.l2_mask = np.ones(num_cols)  # 0 on the few dense structural columns: they cannot memorise samples
+        self.l2_mask = np.ones(num_cols)  # 0 on the structural and state columns: they cannot memorise samples
         self.l2_mask[self.features.num_buckets:] = 0.0
         self.rng = np.random.default_rng(self.seed)
         self.replay_x = SparseBatch(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32),
@@ -225,7 +229,8 @@ class HashedLogisticPredictor(Predictor):
     def config(self) -> dict[str, Any]:
         return {"num_buckets": self.features.num_buckets, "ngram": list(self.features.ngram),
                 "feature_seed": self.features.seed, "norm_ngrams": self.features.norm_ngrams,
-                "prior": self.prior, "lr": self.lr, "l2": self.l2, "replay_size": self.replay_size,
+                "state_buckets": self.features.state_buckets, "prior": self.prior, "lr": self.lr, "l2": self.l2,
+                "replay_size": self.replay_size,
                 "root_replay_size": self.root_replay_size, "root_head": self.root_head,
                 "root_num_epochs": self.root_num_epochs, "recalibrate": self.recalibrate,
                 "calibration_window": self.calibration_window, "calibration_ridge": self.calibration_ridge,

@@ -39,6 +39,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tracerl.core.features import register_state_features
+from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 
@@ -250,6 +252,22 @@ def calls_included(required: Sequence[dict[str, Any]], executed: Sequence[dict[s
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """The policy text of one tool call, in the format `tracerl.io.actions.parse_action` reads."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+# ---------------------------------------------------------------- state features for the success predictor
+
+def history_state(history: History) -> dict[str, float]:
+    """One-hot features of a prefix, from its text only (never the gold calls or state): calls that ran, calls
+    that failed (an observation starting 'error:'), and whether the last call ran or failed."""
+    results = [line for line in history.text.split("\n")[1:] if line and "<tool_call>" not in line]
+    failed = sum(line.startswith("error:") for line in results)
+    calls = history.text.count("<tool_call>")
+    last = "none" if not calls else "error" if results and results[-1].startswith("error:") else "ran"
+    return {f"calls_ran={min(max(calls - failed, 0), 4)}": 1.0, f"calls_failed={min(failed, 2)}": 1.0,
+            f"last={last}": 1.0}
+
+
+register_state_features(DATA_SOURCE, history_state)
 
 
 # ---------------------------------------------------------------- environment

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tracerl.core.features import register_state_features
+from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.env import StepResult
@@ -261,6 +263,28 @@ class MathDomain(Domain):
         code = f"print({expression or (truth if _PLAIN.fullmatch(truth) else repr(truth))})"
         call = json.dumps({"name": "python", "arguments": {"code": code}})
         return f"Let me compute it with Python.\n<tool_call>{call}</tool_call>"
+
+
+# -- state features for the success predictor ---------------------------------------------------
+
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def history_state(history: History) -> dict[str, float]:
+    """One-hot features of a math prefix, from its text only (never the gold answer): numbers in the question
+    (its size), programs run so far, and what the last one printed (a bare number, an error, other text)."""
+    lines = history.text.split("\n")
+    calls = sum("<tool_call>" in line for line in lines)
+    _, closed, after = history.text.rpartition("</tool_call>")
+    after = after.strip() if closed else ""  # a call cut off before its closing tag printed nothing
+    last = "none" if not calls else "error" if re.search(r"Error|Traceback|timed out", after) else \
+        "number" if _PLAIN_NUMBER.fullmatch(after.split("\n")[0].strip()) else "text"
+    return {f"question_numbers={min(len(_PLAIN_NUMBER.findall(lines[0])), 8)}": 1.0, f"calls={min(calls, 3)}": 1.0,
+            f"last={last}": 1.0}
+
+
+for _source in ("math", "gsm8k"):
+    register_state_features(_source, history_state)
 
 
 # -- files ---------------------------------------------------------------------------------------

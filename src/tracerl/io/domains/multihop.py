@@ -6,10 +6,17 @@ founded_by, capital, ...), and one short document per entity stating its facts (
 Pelora. Arlo Venn works for Quilt Systems."). Distractor entities with look-alike names ("Mira Venn",
 "Quilt Labs", "Pelora Falls") carry facts about real entities, so a search returns near misses.
 
-`MultiHopDomain` asks 2-4 hop questions along relation chains ("Who is the founder of the employer of
-Arlo Venn?"); every relation is a function, so the answer is unique. One world serves both splits and
-each question goes to train or test by a hash of its chain, so the splits never share a question but
-share every entity (DESIGN.md section 6: a tiny model can only copy names it has seen in training).
+`MultiHopDomain` asks 1-6 hop questions along relation chains ("Who is the founder of the employer of
+Arlo Venn?"); every relation is a function, so the answer is unique. One world serves every split and
+each question goes to test, warmup (the warm start's questions, optional) or train by a hash of its chain,
+so the splits never share a question but share every entity (a tiny model can only copy names it has seen
+in training). Rows keep the same mix in every split: each row's hop count is drawn from `hop_mix`. With
+`missing_share` > 0 some real entities have no document in the corpus, and `unanswerable_share` of the rows
+are questions whose chain needs one of them: the search for it returns only near misses, which the
+transcript shows, and no policy can answer. With `missing_kinds` every entity of a kind lacks its document (a
+corpus without university pages), so the question's relations already tell that it cannot be answered.
+`history_state` reads a prefix's text the way the expert tracks a chain (hops resolved, the last search
+failed, ...) and gives the success predictor those as features.
 `MultiHopEnv` gives the policy one tool, `search(query)`, and scores `<answer>` by normalised exact match.
 
 `load_qa_file` reads HotpotQA / 2WikiMultiHopQA / MuSiQue / FlashRAG-style files and a user corpus into
@@ -29,6 +36,8 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from tracerl.core.features import register_state_features
+from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.retrieval import BM25Index
@@ -257,9 +266,15 @@ class MultiHopDomain(Domain):
     search_k: int = 3  # documents per search; fewer makes the task harder
     max_doc_chars: int = 400  # each search result is cut to this many characters
     test_fraction: float = 0.2  # share of question chains held out for the test split
+    warmup_fraction: float = 0.0  # share of chains kept for the "warmup" split (0 = "warmup" is "train")
+    hop_mix: tuple[float, ...] = ()  # weight of each hop count low..high in every split's rows (() = uniform)
+    missing_share: float = 0.0  # share of real entities whose document is left out of the corpus, drawn at random
+    missing_kinds: tuple[str, ...] = ()  # kinds of entity with no document at all, e.g. ("university",)
+    unanswerable_share: float = 0.0  # share of rows whose chain needs a missing document (needs missing_share > 0)
     kb: KnowledgeBase = field(init=False, repr=False)
     index: BM25Index = field(init=False, repr=False)
-    _pool: dict[str, dict[int, list[Question]]] | None = field(default=None, init=False, repr=False)
+    missing: frozenset[str] = field(init=False, repr=False)  # entities without a document
+    _pool: dict[str, dict[tuple[int, bool], list[Question]]] | None = field(default=None, init=False, repr=False)
 
     name = "multihop"
 
@@ -271,34 +286,80 @@ class MultiHopDomain(Domain):
             raise ValueError(f"test_fraction={self.test_fraction} must be in (0, 1)")
         if self.search_k < 1:
             raise ValueError(f"search_k={self.search_k} must be >= 1")
+        if not 0 <= self.warmup_fraction < 1 - self.test_fraction:
+            raise ValueError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1 - test_fraction="
+                             f"{1 - self.test_fraction:g}) so that training questions remain")
+        if self.hop_mix and (len(self.hop_mix) != hi - lo + 1 or min(self.hop_mix) < 0 or sum(self.hop_mix) <= 0):
+            raise ValueError(f"hop_mix={self.hop_mix} needs one weight >= 0 per hop count {lo}..{hi} "
+                             f"({hi - lo + 1} weights, not all 0), or () for uniform")
+        if not 0 <= self.missing_share < 0.5 or not 0 <= self.unanswerable_share < 1:
+            raise ValueError(f"missing_share={self.missing_share} must be in [0, 0.5) and unanswerable_share="
+                             f"{self.unanswerable_share} in [0, 1)")
+        kinds = {r.subject for r in RELATIONS.values()}
+        if not set(self.missing_kinds) <= kinds:
+            raise ValueError(f"missing_kinds={self.missing_kinds}: unknown kind(s); use some of {sorted(kinds)}")
+        if self.unanswerable_share > 0 and self.missing_share == 0 and not self.missing_kinds:
+            raise ValueError(f"unanswerable_share={self.unanswerable_share} needs missing_share > 0 or missing_kinds "
+                             "(a question is unanswerable when a document on its chain is missing)")
         self.kb = make_kb(self.num_entities, self.num_distractors, self.seed)
-        self.index = BM25Index(self.kb.documents)
+        real = sorted(n for n, e in self.kb.entities.items() if not e.distractor)
+        rng = np.random.default_rng([self.seed, 23])
+        drawn = {real[i] for i in rng.permutation(len(real))[: round(self.missing_share * len(real))]}
+        self.missing = frozenset(drawn | {n for n in real if self.kb.entities[n].kind in self.missing_kinds})
+        self.index = BM25Index([d for d in self.kb.documents if d["title"] not in self.missing])
+
+    def answerable(self, q: Question) -> bool:
+        """Whether every document the chain must read (the start's and each inner entity's) is in the corpus."""
+        return not self.missing.intersection((q.start,) + q.path[:-1])
+
+    def _split_of(self, q: Question) -> str:
+        digest = hashlib.blake2b(f"{q.start}|{'/'.join(q.relations)}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2**64  # the same hash as `Question.in_test`
+        return "test" if u < self.test_fraction else "warmup" if u < self.test_fraction + self.warmup_fraction \
+            else "train"
+
+    def _strata(self, split: str) -> dict[tuple[int, bool], list[Question]]:
+        if split not in ("train", "test", "warmup"):
+            raise ValueError(f"split={split!r}; expected 'train', 'test' or 'warmup'")
+        if split == "warmup" and self.warmup_fraction == 0:
+            split = "train"  # no questions kept apart: the warm start shares the training questions
+        if self._pool is None:
+            self._pool = {"train": {}, "test": {}, "warmup": {}}
+            for q in all_questions(self.kb, *self.hops):
+                self._pool[self._split_of(q)].setdefault((len(q.relations), self.answerable(q)), []).append(q)
+        return self._pool[split]
 
     def questions(self, split: str) -> dict[int, list[Question]]:
         """The split's question pool by hop count (built once; a question is in exactly one split)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split={split!r}; expected 'train' or 'test'")
-        if self._pool is None:
-            self._pool = {"train": {}, "test": {}}
-            for q in all_questions(self.kb, *self.hops):
-                split_of_q = "test" if q.in_test(self.test_fraction) else "train"
-                self._pool[split_of_q].setdefault(len(q.relations), []).append(q)
-        return self._pool[split]
+        by_hops: dict[int, list[Question]] = {}
+        for (hops, _), qs in sorted(self._strata(split).items()):
+            by_hops.setdefault(hops, []).extend(qs)
+        return by_hops
 
     def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
-        """`num` distinct questions; each row's hop count is uniform over those with questions left."""
-        pool = self.questions(split)
-        rng = np.random.default_rng([self.seed, seed, int(split == "test")])
-        decks = {h: [pool[h][i] for i in rng.permutation(len(pool[h]))] for h in sorted(pool)}
-        if num > sum(map(len, decks.values())):
-            raise ValueError(f"{split} has {sum(map(len, decks.values()))} distinct questions, {num} asked; raise "
-                             f"num_entities (now {self.num_entities}) or ask for fewer rows")
+        """`num` questions in the domain's mix: each row's hop count is drawn from `hop_mix`, and it is unanswerable
+        with probability `unanswerable_share`; within a stratum questions come in a seeded shuffled order, distinct
+        until the stratum runs out, then reshuffled (so every split keeps the same mix whatever `num` is)."""
+        strata = self._strata(split)
+        rng = np.random.default_rng([self.seed, seed, {"train": 0, "test": 1, "warmup": 2}[split]])
+        lo, hi = self.hops
+        mix = np.asarray(self.hop_mix or [1.0] * (hi - lo + 1), dtype=float)
+        hop_of = lo + rng.choice(hi - lo + 1, size=num, p=mix / mix.sum())
+        open_of = rng.random(num) >= self.unanswerable_share
+        decks: dict[tuple[int, bool], list[Question]] = {}
         rows = []
         for i in range(num):
-            left = [h for h in decks if decks[h]]
-            q = decks[left[rng.integers(len(left))]].pop()
+            key = (int(hop_of[i]), bool(open_of[i]))
+            if not strata.get(key):
+                raise ValueError(f"{split} has no {key[0]}-hop {'answerable' if key[1] else 'unanswerable'} "
+                                 f"questions; raise num_entities (now {self.num_entities}) or missing_share (now "
+                                 f"{self.missing_share}), or change hops/hop_mix")
+            if not decks.get(key):
+                decks[key] = [strata[key][j] for j in rng.permutation(len(strata[key]))]
+            q = decks[key].pop()
             rows.append(make_row(self.name, q.text, q.path[-1], split=split, index=i, start=q.start,
-                                 relations=list(q.relations), path=list(q.path), hops=len(q.relations)))
+                                 relations=list(q.relations), path=list(q.path), hops=len(q.relations),
+                                 answerable=key[1]))
         return rows
 
     def make_env(self) -> MultiHopEnv:
@@ -321,6 +382,61 @@ class MultiHopDomain(Domain):
         query = QUERY_FORMS[misses].format(name=entity, words=rel.query)
         call = json.dumps({"name": "search", "arguments": {"query": query}})
         return f"I need {rel.phrase.format(x=entity)}.\n<tool_call>{call}</tool_call>"
+
+
+# -- state features for the success predictor ---------------------------------------------------
+
+_PHRASE_PREFIXES = [(rel, r.phrase.format(x="")) for rel, r in RELATIONS.items()]  # "the founder of "
+
+
+def parse_question(text: str) -> tuple[str, list[str]] | None:
+    """(start entity, relation chain) of a generated question, or None if the text is not one."""
+    for head in ("Who is ", "What is "):
+        if text.startswith(head) and text.endswith("?"):
+            rest, outer_first = text[len(head):-1], []
+            while True:
+                rel = next((r for r, prefix in _PHRASE_PREFIXES if rest.startswith(prefix)), None)
+                if rel is None:
+                    break
+                outer_first.append(rel)
+                rest = rest[len(RELATIONS[rel].phrase.format(x="")):]
+            return (rest, outer_first[::-1]) if outer_first and rest else None
+    return None
+
+
+def history_state(history: History) -> dict[str, float]:
+    """What a prefix shows about its chain, read from its text the way the expert tracks it, as one-hot features.
+
+    The question line gives the start entity and the relations; each later line that is the current entity's
+    search result stating the next relation resolves a hop. Features: hops in the question, hops remaining,
+    turns that resolved nothing (capped at 3), whether the last search resolved a hop or failed, whether the last
+    search result names the entity the chain needs next, remaining x turns taken (so the predictor can learn
+    the turn cap), and the kinds of entity whose documents the chain must read (start and inner entities).
+    Reads the history's text and depth only: never the gold answer or the environment's state."""
+    lines = history.text.split("\n")
+    parsed = parse_question(lines[0].strip())
+    if parsed is None:
+        return {}
+    entity, relations = parsed
+    hop, last, last_lines = 0, "none", []
+    for line in lines[1:]:
+        if "<tool_call>" in line:
+            last, last_lines = "failed", []
+            continue
+        last_lines.append(line)
+        found = read_fact(line, entity, relations[hop]) if hop < len(relations) else None
+        if found:
+            entity, hop, last = found, hop + 1, "advanced"
+    remaining, depth = len(relations) - hop, history.depth
+    named = any(entity in line for line in last_lines)
+    kinds = {f"reads_kind={RELATIONS[relations[0]].subject}": 1.0}  # whose documents the chain must read
+    kinds.update({f"reads_kind={RELATIONS[rel].object}": 1.0 for rel in relations[:-1]})
+    return {**kinds, f"hops={len(relations)}": 1.0, f"remaining={remaining}": 1.0,
+            f"wasted={min(max(depth - hop, 0), 3)}": 1.0, f"last={last}": 1.0,
+            f"last_names_needed={named}": 1.0, f"remaining={remaining},depth={min(depth, 8)}": 1.0}
+
+
+register_state_features("multihop", history_state)
 
 
 # -- real data -------------------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""`tracerl regime`: which allocation regime a policy is in on a domain, from its per-prompt success at n samples.
+
+A prompt sampled n times (n = 8, GRPO's group) is all-fail, mixed or all-success. Only mixed groups carry a policy
+gradient under a group-mean baseline, so the shares say how much an allocator can add: at 85% mixed even a perfect
+one adds little ("little to allocate"); in a U-shaped regime (the paper's GRPO runs had about 27% mixed) skipping
+the all-fail and all-success prompts matters. `regime_shares` is the pure part (histogram and shares, overall and
+by question type); `run` samples a training config's starting policy through the real driver (`evaluate_rows`)
+and `to_markdown` writes the table the README quotes.
+
+A prompt's success is its mean reward over the n samples: all-fail means every reward is 0, all-success every
+reward is 1 (rewards are in [0, 1]); the histogram counts round(mean * n) successes, exact for 0/1 rewards.
+
+Deliberately not here: training, a checkpointed policy (it reads the config's starting policy), pass@k.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GROUP_KEYS = ("hops", "answerable")  # row extra_info fields that name a question's type, when a domain sets them
+
+
+def regime_shares(per_prompt: Sequence[float], n: int) -> dict[str, Any]:
+    """Histogram of successes out of n and the all-fail / mixed / all-success shares of prompts.
+
+    per_prompt: each prompt's mean reward over its n samples, in [0, 1]."""
+    p = np.asarray(per_prompt, dtype=float)
+    if n < 1 or p.ndim != 1 or np.any((p < 0) | (p > 1)):
+        raise ValueError(f"regime_shares needs n >= 1 and per-prompt mean rewards in [0, 1] (n={n}, "
+                         f"range {p.min(initial=0):.3g}..{p.max(initial=0):.3g})")
+    fail, success = p == 0, p == 1
+    num = max(len(p), 1)
+    return {"num_prompts": int(len(p)), "n": int(n),
+            "histogram": np.bincount(np.rint(p * n).astype(int), minlength=n + 1).tolist(),
+            "all_fail": float(fail.sum() / num), "mixed": float((~fail & ~success).sum() / num),
+            "all_success": float(success.sum() / num), "mean_success": float(p.mean()) if len(p) else 0.0,
+            "sd_success": float(p.std()) if len(p) else 0.0}
+
+
+def regime_by_group(per_prompt: Sequence[float], rows: Sequence[dict[str, Any]], n: int,
+                    keys: Sequence[str] = GROUP_KEYS) -> dict[str, Any]:
+    """`regime_shares` overall and for each value of each key found in the rows' `extra_info` (e.g. hops=3)."""
+    out: dict[str, Any] = {"overall": regime_shares(per_prompt, n), "groups": {}}
+    for key in keys:
+        values = [r.get("extra_info", {}).get(key) for r in rows]
+        for value in sorted({v for v in values if v is not None}, key=str):
+            chosen = [p for p, v in zip(per_prompt, values) if v == value]
+            out["groups"][f"{key}={value}"] = regime_shares(chosen, n)
+    return out
+
+
+def run(config: Any, split: str = "train", num_prompts: int = 256, n: int = 8, temperature: float = 1.0,
+        seed: int = 0, say=lambda message: None) -> dict[str, Any]:
+    """Sample the starting policy of a `TrainConfig` n times on `num_prompts` rows of `split` (drawn with `seed`)."""
+    import torch
+
+    from tracerl.engines import torch_threads
+    from tracerl.train.evaluation import evaluate_rows
+    from tracerl.train.policy import load_policy
+
+    if num_prompts < 1 or n < 1:
+        raise ValueError(f"--prompts {num_prompts} and --samples {n} must be >= 1")
+    started = time.perf_counter()
+    policy = load_policy(config, say)
+    rows = policy.domain.rows(split, num_prompts, seed=seed)
+    say(f"regime: {num_prompts} {split} prompts x {n} samples at temperature {temperature}")
+    with torch_threads(config.run.num_threads), torch.no_grad():
+        result = evaluate_rows(policy.model, policy.renderer, policy.domain, policy.limits, rows, n, temperature,
+                               seed=seed)
+    out = regime_by_group(result["eval/per_prompt"], rows, n)
+    out.update(split=split, temperature=temperature, seed=seed, policy=str(policy.source),
+               sampled_tokens=int(result["eval/sampled_tokens"]), seconds=time.perf_counter() - started)
+    return out
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """One table: overall, then each question type; shares in percent, then the success histogram."""
+    n = result["overall"]["n"]
+    lines = [f"| prompts | count | all-fail | mixed | all-success | mean success | successes out of {n} |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in [("all", result["overall"]), *result["groups"].items()]:
+        lines.append(f"| {name} | {row['num_prompts']} | {row['all_fail']:.1%} | {row['mixed']:.1%} | "
+                     f"{row['all_success']:.1%} | {row['mean_success']:.3f} | {row['histogram']} |")
+    if "split" in result:
+        lines += ["", f"{result['overall']['num_prompts']} {result['split']} prompts x {n} samples at temperature "
+                  f"{result['temperature']}, seed {result['seed']}, policy {Path(result['policy']).name}; "
+                  f"{result['seconds']:.0f} s."]
+    return "\n".join(lines)
