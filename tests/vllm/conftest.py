@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-VOCAB = 512
-TOLERANCE = 1e-4  # |vLLM logprob - trainer logprob| on float32 weights (measured: at most 3e-5)
+from vllm_support import VOCAB, sharp_qwen3
 
 
 def pytest_collection_modifyitems(items):
@@ -18,22 +17,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.vllm)
-
-
-def sharp_qwen3(seed: int):
-    """A random tiny Qwen3 (head_dim 32, which vLLM's CPU attention supports) with its matrices scaled up (x16, the
-    tied embedding x32), so that its logits spread (std ~7): a random init's greedy path merely repeats the last
-    token, and near-ties would make greedy comparisons between two implementations flip on rounding."""
-    import torch
-
-    from tracerl.engines.tiny import tiny_qwen3
-
-    model = tiny_qwen3(VOCAB, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, seed=seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.mul_(32 if "embed" in name else 16)
-    return model
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,16 +58,3 @@ def tree_prefixes(model_a):
     depth2 = [p + s[0].token_ids + rng.integers(0, VOCAB, 8).tolist()
               for p, s in zip(depth1, engine.generate(depth1, SamplingParams(temperature=1.0, max_tokens=12, seed=1)))]
     return prompts + depth1 + depth2
-
-
-def trainer_logprobs(model, prefix, completion, temperature):
-    """The trainer's recomputation of a completion's token logprobs: `tracerl.train.loss.token_logprobs`, i.e.
-    log_softmax(logits / T) of each sampled token given the prefix and the tokens before it."""
-    import torch
-
-    from tracerl.train.loss import token_logprobs
-
-    ids = torch.tensor([list(prefix) + list(completion.token_ids)])
-    with torch.no_grad():
-        values = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
-    return values[0, len(prefix):]

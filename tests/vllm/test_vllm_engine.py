@@ -3,11 +3,13 @@ weights, the trainer's logprobs, and weight sync (the engine follows new weights
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed here; tests/vllm run in .venv-vllm (.ci/vllm)")
+from vllm_support import skip_without_vllm
+
+skip_without_vllm()
 
 import torch
 
-from conftest import TOLERANCE, trainer_logprobs
+from vllm_support import TOLERANCE, trainer_logprobs
 
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.engines.vllm_engine import VLLMEngine

@@ -201,10 +201,15 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
                                                           "is_checkpoint_format": True})
         self._wake()
-        if not self.llm.reset_prefix_cache():
-            raise EngineError("vLLM could not reset its prefix cache after a weight update (blocks still in use); "
-                              "load weights only when no generate() call is running")
+        self.clear_cache()
         self.stats["weight_loads"] += 1
+
+    def clear_cache(self) -> None:
+        """Empty vLLM's prefix cache (after new weights; or to time a workload from a cold cache). Raises
+        EngineError if vLLM cannot (requests still hold blocks): a stale key/value must never be reused."""
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM could not reset its prefix cache (blocks still in use); load weights or clear "
+                              "the cache only when no generate() call is running")
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory for the policy update (with enable_sleep_mode on a GPU; otherwise nothing)."""

@@ -97,7 +97,7 @@ class PolicyConfig:
             raise ValueError(f"policy.max_batch_size={self.max_batch_size} must be >= 1")
         if self.engine not in ("transformers", "vllm", "openai"):
             raise ValueError(f"policy.engine={self.engine!r}; use 'transformers', 'vllm' or 'openai'")
-        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        if self.engine == "vllm" and not _has_vllm():
             raise ValueError("policy.engine='vllm' needs vLLM in this environment: pip install -e '.[vllm]' in its "
                              "own virtual environment (docs/engines.md), or set policy.engine=transformers")
         if self.vllm_max_model_len < 2 or self.vllm_kv_cache_gib <= 0 or not 0 < self.vllm_gpu_memory_utilization <= 1:
@@ -224,6 +224,12 @@ class TrainConfig:
 def _has_ray() -> bool:
     """Whether Ray is importable (a folder named ray on sys.path, e.g. tests/ray, is a namespace package, not Ray)."""
     spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
+
+
+def _has_vllm() -> bool:
+    """Whether vLLM is importable (a folder named vllm on sys.path, e.g. tests/vllm, is a namespace package)."""
+    spec = importlib.util.find_spec("vllm")
     return spec is not None and spec.origin is not None
 
 
