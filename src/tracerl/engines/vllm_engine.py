@@ -23,7 +23,9 @@ What it does:
 vLLM's engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before it starts), so weights go
 from the trainer's tensors to vLLM's without serialisation, and `llm.collective_rpc` reaches the worker directly.
 vLLM's CPU worker replaces `torch.set_num_threads` process-wide (it pins threads in its own process); in this
-process it pins nothing, so the original function is put back and `run.num_threads` keeps working.
+process it pins nothing, so the original function is put back and `run.num_threads` keeps working. vLLM seeds
+Python's, numpy's and torch's global generators with `seed` when it starts. Its log level defaults to ERROR here
+(`VLLM_LOGGING_LEVEL` overrides it), on stderr.
 
 GPU (untested: this code has only run on CPU): `gpu_memory_utilization` is the share of the device vLLM takes
 (weights, activations and KV cache); the trainer shares the rest. With `enable_sleep_mode=True`, `sleep()` frees
@@ -47,7 +49,7 @@ from typing import Any
 import torch
 
 from tracerl.engines.openai_engine import EngineError, request_seed
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.engine import Completion, SamplingParams, check_request
 
 
 class VLLMEngine:
@@ -83,7 +85,9 @@ class VLLMEngine:
                              f"0 < gpu_memory_utilization <= 1 ({gpu_memory_utilization}), max_num_seqs >= 1 "
                              f"({max_num_seqs})")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would break the trainer's output
+        # vLLM logs to stdout (which `--json` output owns) and warns about what this engine chose on purpose
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm import LLM
 
         cpu = device == "cpu"
@@ -128,9 +132,21 @@ class VLLMEngine:
         config = copy.deepcopy(model.config)
         config.architectures = [type(model).__name__]  # a config built in code names none; vLLM picks the model by it
         config.save_pretrained(workdir)
-        engine = cls(workdir, load_format="dummy", **kwargs)
+        positions = getattr(config, "max_position_embeddings", None)
+        if positions:  # vLLM refuses a max_model_len beyond the model's positions
+            kwargs["max_model_len"] = min(kwargs.get("max_model_len", 4096), positions)
+        try:
+            engine = cls(workdir, load_format="dummy", **kwargs)
+        except BaseException:
+            if tmp is not None:
+                tmp.cleanup()
+            raise
         engine._workdir = tmp
-        engine.load_weights(model.state_dict() if state_dict is None else state_dict)
+        try:
+            engine.load_weights(model.state_dict() if state_dict is None else state_dict)
+        except BaseException:
+            engine.close()
+            raise
         return engine
 
     # ---- the Engine protocol -------------------------------------------------------------------------------------
@@ -141,13 +157,8 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [[int(t) for t in p] for p in prefixes]
-        counts = [n] * len(prompts) if isinstance(n, int) else [int(c) for c in n]
-        if len(counts) != len(prompts) or any(c < 0 for c in counts):
-            raise ValueError(f"n={n!r} must be an int >= 0 or one count >= 0 per prefix ({len(prompts)} prefixes)")
+        prompts, counts = check_request(prefixes, n)
         for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prefix {i} is empty; start every prefix with at least one token (e.g. a BOS id)")
             if len(p) >= self.max_model_len:
                 raise ValueError(f"prefix {i} has {len(p)} tokens; vLLM was started with max_model_len="
                                  f"{self.max_model_len}: raise it (policy.vllm_max_model_len)")
