@@ -10,11 +10,12 @@ What it does:
 - prefix caching on: a continuation from a tree node, or the next turn of a rollout, only prefills what vLLM's
   cache (whole KV blocks of `block_size` tokens) does not hold. `stats` carries vLLM's own counters
   (`prefix_cache_queries`, `prefix_cache_hits`, in tokens);
-- `load_weights(state_dict or torch.save path)`: vLLM's in-place reload (`reload_weights` on its worker, the path
-  its RLHF weight-transfer engines use; names and shapes of the Hugging Face checkpoint, which vLLM maps onto its
-  fused layers), then the prefix cache is reset, so no key/value computed with old weights is reused.
-  `from_model` starts vLLM on dummy weights from a config alone and loads the given state dict, so no checkpoint
-  is written: the trainer builds it from its own model (with LoRA: the merged weights);
+- `load_weights(state_dict or torch.save path)`: vLLM's in-place reload (`reload_weights` on its worker: the
+  layerwise reload its RLHF weight-transfer engines run on checkpoint-format weights; names and shapes of the
+  Hugging Face checkpoint, which vLLM maps onto its fused layers), then the prefix cache is reset, so no key/value
+  computed with old weights is reused. `from_model` starts vLLM on dummy weights from a config alone and loads the
+  given state dict, so no checkpoint is written: the trainer builds it from its own model (with LoRA: the merged
+  weights);
 - seeds: a seeded call gives each prefix's request its own seed (`request_seed`: the OpenAI engine's derivation), and
   vLLM gives the n samples of a request seed, seed+1, ...; same seed and inputs give the same samples whatever the
   batch. On CPU, vLLM's chunked prefill is switched off: a seeded request whose prefill is split crashes vLLM's

@@ -9,9 +9,10 @@ So the server is started with this module's extension mixed into its workers:
         --logprobs-mode processed_logprobs --worker-extension-cls tracerl.engines.vllm_worker.WeightSyncExtension
 
 and `load_served_weights` (which `OpenAIEngine.load_weights` calls when the server is not `tracerl serve`) asks every
-worker to read the trainer's `torch.save` file and reload its weights in place (vLLM's `reload_weights`, the path its
-own RLHF weight-transfer engines use: Hugging Face names, mapped onto vLLM's fused layers; with tensor parallelism
-each worker takes its shard), then resets the prefix cache so no key/value of the old weights is reused.
+worker to read the trainer's `torch.save` file and reload its weights in place (vLLM's `reload_weights`, the
+layerwise reload its RLHF weight-transfer engines run on checkpoint-format weights: Hugging Face names, mapped onto
+vLLM's fused layers, sharded by vLLM's loaders under tensor parallelism, which has not been tested), then resets the
+prefix cache so no key/value of the old weights is reused.
 
 The file travels by path: the server must read the trainer's run directory (same machine or a shared file system).
 Dev mode exposes more than this (sleep, arbitrary worker methods by name, cache resets): bind such a server to
