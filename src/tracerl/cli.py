@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -65,8 +66,11 @@ def _bench_engine(args: argparse.Namespace) -> int:
         raise SystemExit(f"tracerl bench engine needs torch and transformers: pip install -e '.[torch]' ({err})")
 
     cfg = engine.EngineBenchConfig() if args.repeats is None else engine.EngineBenchConfig(repeats=args.repeats)
-    print("bench engine: tree workload on a tiny Qwen3, KV reuse on vs off ...", file=sys.stderr, flush=True)
-    result = engine.run(cfg)
+    if args.vllm and getattr(importlib.util.find_spec("vllm"), "origin", None) is None:
+        raise SystemExit("tracerl bench engine --vllm needs vLLM: pip install -e '.[vllm]' in its own environment")
+    print("bench engine: tree workload on a tiny Qwen3, KV reuse on vs off" + (", and vLLM" if args.vllm else "")
+          + " ...", file=sys.stderr, flush=True)
+    result = engine.run(cfg, vllm=args.vllm)
     print(json.dumps(_finite(result)) if args.json else engine.to_markdown(result))
     return 0
 
@@ -259,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("engine", help="continuations with KV-cache reuse vs full re-encoding (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--repeats", type=int, help="timed runs per mode; the fastest counts (default 2)")
+    p.add_argument("--vllm", action="store_true", help="also run the workload on in-process vLLM (the vllm extra)")
     p.set_defaults(func=_bench_engine)
 
     p = bench.add_parser("pack", help="policy-loss forward+backward per rollout vs packed trees (tiny model)")

@@ -36,7 +36,8 @@ def test_every_preset_loads():
     ("run.num_steps=0", "run.num_steps=0"),
     ("sampling.temperature=0", "RL needs stochastic rollouts"),
     ("run.nm_steps=3", r"run: unknown key\(s\) \['nm_steps'\]"),
-    ("policy.engine=vllm", "use 'transformers' or 'openai'"),
+    ("policy.engine=sglang", "use 'transformers', 'vllm' or 'openai'"),
+    ("policy.vllm_kv_cache_gib=0", "policy.vllm_kv_cache_gib=0.0 > 0"),
     ("policy.engine=openai", "needs policy.base_url=http://host:port"),
     ("policy.lora_rank=-1", r"policy.lora_rank=-1 must be >= 0 \(0 = full fine-tuning\)"),
     ("policy.lora_alpha=0", "policy.lora_alpha=0.0 > 0"),
@@ -48,6 +49,15 @@ def test_every_preset_loads():
 def test_bad_configs_fail_at_load(override, message):
     with pytest.raises(ValueError, match=message):
         load_config(None, [override])
+
+
+def test_the_vllm_engine_without_vllm_fails_at_load_with_the_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match=r"policy.engine='vllm' needs vLLM .*pip install -e '.\[vllm\]'"):
+        load_config(None, ["policy.engine=vllm"])
 
 
 def test_cli_reports_config_errors_without_a_traceback(capsys):

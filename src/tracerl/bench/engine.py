@@ -11,6 +11,12 @@ Reported: prefill tokens computed and saved, the workload's shared-prefix fracti
 already fed to the model, or another sample of the same prefix in the same call; a bound no engine can beat,
 defined without looking at the engine), generated tokens/s in both modes and their ratio. It does not measure
 quality: the model is random.
+
+With `vllm=True` (`tracerl bench engine --vllm`, in an environment with the `vllm` extra) the same workload also
+runs on `VLLMEngine` with the same weights, its prefix cache emptied before each timed run: generated tokens/s,
+prefill tokens saved and hit rate from vLLM's own counters (`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`,
+in tokens, whole KV blocks only, a prompt's last token never), and the shared-prefix fraction of the workload as
+vLLM drew it (its samples differ from tracerl's engine's, so its rollouts, and their prefixes, do too).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class EngineBenchConfig:
     num_threads: int = 1  # torch CPU threads during the run (0 = torch's default); OpenMP on tiny shapes on a
     # busy 2-core machine can be 10x slower with 2 threads than with 1
     seed: int = 0
+    vllm_block_size: int = 32  # with vllm=True: vLLM's KV block, the unit of its prefix-cache hits (CPU: x32)
 
     def __post_init__(self) -> None:
         if not self.branch_depths or not all(1 <= d < self.num_turns for d in self.branch_depths):
@@ -149,14 +156,48 @@ def shared_prefix_tokens(calls) -> tuple[int, int]:
     return total, shared
 
 
-def run(cfg: EngineBenchConfig = EngineBenchConfig()) -> dict:
+def run(cfg: EngineBenchConfig = EngineBenchConfig(), *, vllm: bool = False) -> dict:
+    """Both transformers modes, and with `vllm` the in-process vLLM engine on the same weights (see the docstring)."""
     with torch_threads(cfg.num_threads):
-        return _run(cfg)
+        model = tiny_qwen3(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
+                           cfg.seed, max_position_embeddings=8192)
+        result = _run(cfg, model)
+        if vllm:
+            result["vllm"] = run_vllm(cfg, model)
+            result["vllm_speed_ratio"] = (result["vllm"]["generated_tokens_per_s"]
+                                          / result["modes"]["on"]["generated_tokens_per_s"])
+        return result
 
 
-def _run(cfg: EngineBenchConfig) -> dict:
-    model = tiny_qwen3(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.seed,
-                       max_position_embeddings=8192)
+def run_vllm(cfg: EngineBenchConfig, model: torch.nn.Module) -> dict:
+    """The workload on `VLLMEngine` with `model`'s weights: the fastest of `cfg.repeats` runs, each from an empty
+    prefix cache, with vLLM's prefix-cache counters over that run."""
+    from tracerl.engines.vllm_engine import VLLMEngine
+
+    longest = cfg.prompt_tokens + cfg.num_turns * (cfg.turn_tokens + cfg.observation_tokens)
+    best: dict = {}
+    with VLLMEngine.from_model(model, max_model_len=longest + 64, block_size=cfg.vllm_block_size,
+                               max_num_seqs=cfg.max_batch_size, seed=cfg.seed) as engine:
+        engine.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4, seed=0))  # first-call overheads
+        for _ in range(cfg.repeats):
+            engine.clear_cache()
+            before = dict(engine.stats)
+            t0 = time.perf_counter()
+            calls = run_workload(engine, cfg)
+            seconds = time.perf_counter() - t0
+            if not best or seconds < best["seconds"]:
+                delta = {k: engine.stats[k] - before[k] for k in
+                         ("generated_tokens", "prefix_cache_queries", "prefix_cache_hits", "num_requests")}
+                total, shared = shared_prefix_tokens(calls)
+                best = dict(delta, seconds=seconds, generated_tokens_per_s=delta["generated_tokens"] / seconds,
+                            prefill_tokens_saved=delta["prefix_cache_hits"],
+                            hit_rate=delta["prefix_cache_hits"] / max(1, delta["prefix_cache_queries"]),
+                            prefix_tokens=total, shared_prefix_frac=shared / total, block_size=cfg.vllm_block_size)
+    best["hit_rate_over_bound"] = best["hit_rate"] / best["shared_prefix_frac"]
+    return best
+
+
+def _run(cfg: EngineBenchConfig, model: torch.nn.Module) -> dict:
     warm = TransformersEngine(model, max_batch_size=cfg.max_batch_size)
     warm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4, seed=0))  # first-call overheads out of the timing
 
@@ -215,4 +256,27 @@ def to_markdown(result: dict) -> str:
               (f"prefill tokens saved {result['prefill_tokens_saved']:,} (cut {result['prefill_cut_frac']:.3f}, "
                f"{verdict} the shared-prefix bound); speed ratio on/off {result['speed_ratio']:.2f}x; identical "
                f"samples {result['samples_identical_frac']:.3f}; torch threads {result['torch_threads']}")]
+    if "vllm" in result:
+        lines += ["", *engines_table(result)]
     return "\n".join(lines)
+
+
+def engines_table(result: dict) -> list[str]:
+    """tracerl's engine (reuse on and off) beside vLLM: tokens/s, prefill tokens saved, cache hit rate."""
+    on, off, v, w = result["modes"]["on"], result["modes"]["off"], result["vllm"], result["workload"]
+
+    def hit_rate(mode):
+        return mode["prefill_tokens_reused"] / max(1, mode["prefill_tokens_reused"] + mode["prefill_tokens_computed"])
+
+    rows = [("transformers, KV reuse on", on["generated_tokens_per_s"], on["prefill_tokens_reused"], hit_rate(on),
+             w["shared_prefix_frac"]),
+            ("transformers, KV reuse off", off["generated_tokens_per_s"], off["prefill_tokens_reused"], hit_rate(off),
+             w["shared_prefix_frac"]),
+            (f"vLLM, prefix caching (blocks of {v['block_size']})", v["generated_tokens_per_s"],
+             v["prefill_tokens_saved"], v["hit_rate"], v["shared_prefix_frac"])]
+    lines = ["| engine | generated tokens/s | prefill tokens saved | cache hit rate | shared-prefix fraction |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {name} | {tps:,.0f} | {saved:,} | {rate:.3f} | {frac:.3f} |" for name, tps, saved, rate, frac in rows]
+    lines += ["", (f"vLLM / transformers (reuse on) generated tokens/s: {result['vllm_speed_ratio']:.2f}x; vLLM's hit "
+                   f"rate is {v['hit_rate_over_bound']:.3f} of its workload's shared-prefix fraction")]
+    return lines

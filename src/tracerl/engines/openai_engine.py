@@ -231,13 +231,19 @@ class OpenAIEngine:
     def load_weights(self, path: str) -> None:
         """Ask the server to load the state dict saved at `path` (`torch.save`; the server must be able to read it).
 
-        `tracerl serve` implements this as `POST /v1/load_weights {"path": ...}`. vLLM and SGLang have their own
-        weight-update paths (see docs/engines.md); this call is for `tracerl serve` only."""
+        `tracerl serve` implements this as `POST /v1/load_weights {"path": ...}`. A server without that endpoint
+        (HTTP 404) is taken to be vLLM started with tracerl's worker extension in dev mode
+        (`tracerl.engines.vllm_worker`); SGLang has its own path (see docs/engines.md)."""
         url = f"{self.base_url}/v1/load_weights"
         try:
             response = self._client.post(url, json={"path": str(path)})
         except httpx.TransportError as err:
             raise EngineError(f"POST {url} failed: {type(err).__name__}: {err}. Is the server up?") from err
+        if response.status_code == 404:  # not tracerl serve: vLLM's /collective_rpc and tracerl's worker extension
+            from tracerl.engines.vllm_worker import load_served_weights
+
+            load_served_weights(self._client, self.base_url, str(path))
+            return
         if response.status_code != 200:
             raise EngineError(f"POST {url} answered HTTP {response.status_code}: {_error_message(response)}")
 

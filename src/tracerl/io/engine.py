@@ -34,3 +34,16 @@ class Engine(Protocol):
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
                  n: int | Sequence[int] = 1) -> list[list[Completion]]:
         """For each prefix, `n` (or n[i]) sampled continuations. Batched over all prefixes."""
+
+
+def check_request(prefixes: Sequence[Sequence[int]], n: int | Sequence[int]) -> tuple[list[list[int]], list[int]]:
+    """The prefixes as lists of ints and one sample count per prefix, or ValueError naming what is wrong: `n` an
+    int >= 0 or one count >= 0 per prefix, every prefix non-empty."""
+    prompts = [[int(t) for t in p] for p in prefixes]
+    counts = [n] * len(prompts) if isinstance(n, int) else [int(c) for c in n]
+    if len(counts) != len(prompts) or any(c < 0 for c in counts):
+        raise ValueError(f"n={n!r} must be an int >= 0 or one count >= 0 per prefix ({len(prompts)} prefixes)")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prefix {i} is empty; start every prefix with at least one token (e.g. a BOS id)")
+    return prompts, counts

@@ -65,11 +65,16 @@ class PolicyConfig:
     embedded: dict = field(default_factory=dict)  # EmbeddedConfig overrides, e.g. {"sft_steps": 400}
     cache_dir: str = ""  # where the embedded build is cached ("" = $TRACERL_CACHE or ~/.cache/tracerl)
     max_batch_size: int = 64  # rollouts the engine decodes together
-    engine: str = "transformers"  # "transformers" (in process) or "openai" (a vLLM/SGLang/tracerl serve server)
+    engine: str = "transformers"  # "transformers" or "vllm" (in process), or "openai" (vLLM/SGLang/tracerl serve)
     base_url: str = ""  # the server of engine="openai", e.g. http://127.0.0.1:8000
     served_model_name: str = ""  # the model name the server expects ("" = the first it lists)
     n_mode: str = "n"  # "n": one request per prefix with n samples (vLLM, tracerl serve); "repeat": SGLang
-    sync_weights: bool = True  # engine="openai": push the weights to the server after each update (tracerl serve)
+    sync_weights: bool = True  # engine="openai": push the weights to the server after each update (tracerl serve, vLLM)
+    vllm_max_model_len: int = 4096  # engine="vllm": longest prefix + turn vLLM accepts (raise it for long rollouts)
+    vllm_kv_cache_gib: float = 1.0  # engine="vllm" on CPU: memory of vLLM's KV cache, its prefix cache included
+    vllm_gpu_memory_utilization: float = 0.3  # engine="vllm" on a GPU: share of the device vLLM takes (the trainer
+    # shares the rest)
+    vllm_sleep: bool = True  # engine="vllm" on a GPU: vLLM frees its memory (sleep mode) during each policy update
     device: str = "cpu"  # the trainer's model, reference model and in-process engine: cpu, cuda, cuda:N or auto
     lora_rank: int = 0  # LoRA rank r; 0 = full fine-tuning, r > 0 trains only low-rank adapters (needs peft)
     lora_alpha: float = 32.0  # LoRA scale: the adapted weight is W + (lora_alpha / lora_rank) B A
@@ -90,8 +95,15 @@ class PolicyConfig:
                              "policy.lora_rank=0 for full fine-tuning)")
         if self.max_batch_size < 1:
             raise ValueError(f"policy.max_batch_size={self.max_batch_size} must be >= 1")
-        if self.engine not in ("transformers", "openai"):
-            raise ValueError(f"policy.engine={self.engine!r}; use 'transformers' or 'openai'")
+        if self.engine not in ("transformers", "vllm", "openai"):
+            raise ValueError(f"policy.engine={self.engine!r}; use 'transformers', 'vllm' or 'openai'")
+        if self.engine == "vllm" and not _has_vllm():
+            raise ValueError("policy.engine='vllm' needs vLLM in this environment: pip install -e '.[vllm]' in its "
+                             "own virtual environment (docs/engines.md), or set policy.engine=transformers")
+        if self.vllm_max_model_len < 2 or self.vllm_kv_cache_gib <= 0 or not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(f"policy.vllm_max_model_len={self.vllm_max_model_len} must be >= 2, policy."
+                             f"vllm_kv_cache_gib={self.vllm_kv_cache_gib} > 0 and policy.vllm_gpu_memory_utilization="
+                             f"{self.vllm_gpu_memory_utilization} in (0, 1]")
         if self.engine == "openai" and not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"policy.engine='openai' needs policy.base_url=http://host:port of the server "
                              f"(got {self.base_url!r})")
@@ -215,6 +227,12 @@ class TrainConfig:
 def _has_ray() -> bool:
     """Whether Ray is importable (a folder named ray on sys.path, e.g. tests/ray, is a namespace package, not Ray)."""
     spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
+
+
+def _has_vllm() -> bool:
+    """Whether vLLM is importable (a folder named vllm on sys.path, e.g. tests/vllm, is a namespace package)."""
+    spec = importlib.util.find_spec("vllm")
     return spec is not None and spec.origin is not None
 
 

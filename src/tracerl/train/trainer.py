@@ -108,6 +108,14 @@ class Trainer:
         if cfg.engine == "transformers":
             # the transformers model with the adapters inside its layers, so it samples the adapted policy
             return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size)
+        if cfg.engine == "vllm":  # vLLM in this process, loaded with the trainer's (merged) weights
+            from tracerl.engines.vllm_engine import VLLMEngine
+
+            return VLLMEngine.from_model(
+                self.model, merged_state_dict(self.model), device=self.device.type, seed=self.config.run.seed,
+                max_model_len=cfg.vllm_max_model_len, max_num_seqs=cfg.max_batch_size,
+                kv_cache_gib=cfg.vllm_kv_cache_gib, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                enable_sleep_mode=cfg.vllm_sleep)
         from tracerl.engines.openai_engine import OpenAIEngine
 
         engine = OpenAIEngine(cfg.base_url, cfg.served_model_name or None, n_mode=cfg.n_mode,
@@ -119,7 +127,11 @@ class Trainer:
     def sync_weights(self) -> None:
         """Send the current weights to a served engine (policy.engine="openai", policy.sync_weights), so it
         samples the next step from the policy being trained. Written atomically to <run>/sync/weights.pt first.
-        With LoRA these are the plain model's weights with the adapters merged in (the server has no adapters)."""
+        With LoRA these are the plain model's weights with the adapters merged in (the server has no adapters).
+        An in-process vLLM engine (policy.engine="vllm") always loads them, from memory."""
+        if self.config.policy.engine == "vllm":
+            self.engine.load_weights(merged_state_dict(self.model))
+            return
         if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
             return
         path = self.out / "sync" / "weights.pt"
@@ -169,7 +181,10 @@ class Trainer:
         return self.ray_runner
 
     def close(self) -> None:
-        """Stop the rollout workers, and the local Ray cluster if this trainer started it (run.executor="ray")."""
+        """Stop the rollout workers, and the local Ray cluster if this trainer started it (run.executor="ray"); shut
+        down an in-process vLLM engine."""
+        if self.config.policy.engine == "vllm" and self.engine is not None:
+            self.engine.close()
         if self.ray_runner is not None:
             self.ray_runner.close()
             self.ray_runner = None
@@ -229,6 +244,8 @@ class Trainer:
         counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent,
                              raw_advantages=raw_advantages(self.method.advantage, trees, advantages, cfg.advantages))
         t0 = time.perf_counter()
+        if hasattr(self.engine, "sleep"):  # in-process vLLM on a GPU frees its memory for the update
+            self.engine.sleep()
         metrics.update(self.update_policy(trees, advantages))
         self.sync_weights()
         train_seconds = time.perf_counter() - t0
