@@ -3,9 +3,22 @@
 `run_python(code)` starts a fresh interpreter (`-s -S`: no site, no user site, stdlib only) in its own
 session and process group, in a new temporary working directory that is removed afterwards, with an
 environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the workdir,
-PYTHONHASHSEED=0 so that replaying the same code prints the same set order). A launcher (`_LAUNCHER`,
-below) applies these layers before the model's code runs; each one that took effect is listed in
+PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
+live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
+applies these layers before the model's code runs; each one that took effect is listed in
 `SandboxResult.layers`:
+
+- `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
+  the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
+  the namespace, so no descendant outlives the call (a child in a new session included).
+- `seccomp`: a BPF filter (x86_64, arm64): no fork/vfork/clone of processes (threads only), no exec, no
+  setsid/setpgid, no signal to any process but itself, no unshare/setns/mount/ptrace/io_uring/bpf. With it
+  the memory and process limits bind the whole run. The sandbox refuses to run without it (SandboxError).
+- `disk_quota`: a new mount namespace with a tmpfs over the workdir, capped at `max_disk_mb` and
+  `max_inodes` (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is
+  checked after the run and reported as an error.
+- Without root, the namespaces live in a new user namespace mapping only the caller's uid (capabilities
+  dropped); the code needs a uid drop or Landlock to be kept from the user's files, else SandboxError.
 
 - `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes
   (per user), file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`),
