@@ -176,6 +176,8 @@ def test_ten_thousand_adversarial_turns_never_raise_or_stall(renderer):
                         driver.counters["rollout/neutralised_special_tokens"])
         assert max(timed.seconds) < 1.0, f"{name}: a turn took {max(timed.seconds):.2f}s to score"
         assert driver.counters["rollout/env_exceptions"] == timed.raised, "every environment exception is counted"
+        if name != "multihop":  # its testbed is maintained apart; the driver still turns its errors into data
+            assert timed.raised == 0, f"{name}: the environment raised {timed.raised} times on model output"
     print("fuzz (turns, env exceptions, slowest step s, neutralised tokens):", report)
     assert total_turns >= 10_000
 
