@@ -187,11 +187,13 @@ def _regime(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from tracerl.serve import run_server
+        from tracerl.serve import ServeLimits, run_server
     except ImportError as err:
         raise SystemExit(f"tracerl serve needs fastapi and uvicorn: pip install -e '.[serve]' ({err})")
     run_server(args.model, host=args.host, port=args.port, device=args.device,
-               served_model_name=args.served_model_name, num_threads=args.threads, say=_say)
+               served_model_name=args.served_model_name, num_threads=args.threads, say=_say,
+               limits=ServeLimits(max_n=args.max_n, max_samples=args.max_samples, max_tokens=args.max_tokens,
+                                  max_body_bytes=int(args.max_body_mb * (1 << 20))))
     return 0
 
 
@@ -359,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model as given)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's choice); 1 is "
                                                          "fastest for tiny models on a busy machine")
+    p.add_argument("--max-n", type=int, default=64, help="most samples per prompt (n) in one request")
+    p.add_argument("--max-samples", type=int, default=512, help="most prompts x n in one request (memory bound)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for")
+    p.add_argument("--max-body-mb", type=float, default=16, help="largest request body, in MiB")
     p.set_defaults(func=_serve)
     return parser
 

@@ -208,16 +208,27 @@ def test_limits_reject_bad_values_with_the_field_name():
         SandboxLimits(memory_mb=16)
 
 
-def netns_available() -> bool:
+def namespace_available(flag: int) -> bool:
     probe = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\n"
-             "sys.exit(0 if 0 in (libc.unshare(0x40000000), libc.unshare(0x50000000)) else 1)")
+             f"sys.exit(0 if 0 in (libc.unshare({flag}), libc.unshare({flag} | 0x10000000)) else 1)")
     return subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+def netns_available() -> bool:
+    return namespace_available(0x40000000)
+
+
+def seccomp_available() -> bool:
+    with open("/proc/self/status") as f:
+        return any(line.startswith("Seccomp:") for line in f)
 
 
 def test_every_layer_the_host_supports_is_active(active_layers):
     """Each layer is on exactly when the host allows it (probed here independently of the sandbox)."""
     supported = {"rlimits": True, "audit_hook": True, "uid_drop": os.geteuid() == 0,
-                 "landlock": landlock_abi() >= 1, "netns": netns_available()}
+                 "landlock": landlock_abi() >= 1, "netns": netns_available(),
+                 "pidns": namespace_available(0x20000000), "disk_quota": namespace_available(0x00020000),
+                 "seccomp": seccomp_available()}
     assert set(active_layers) == {layer for layer, ok in supported.items() if ok}
 
 
@@ -351,7 +362,8 @@ def test_each_layer_alone_blocks(name, layer, tmp_path, server, active_layers, s
 def test_nproc_alone_contains_a_fork_bomb(active_layers, spawned):
     if "uid_drop" not in active_layers:
         pytest.skip("RLIMIT_NPROC only binds after the uid drop (root ignores it)")
-    result = run_python(HOSTILE["fork_bomb"], QUICK, _disable=("audit_hook", "landlock", "netns"))
+    result = run_python(HOSTILE["fork_bomb"], QUICK, _disable=("audit_hook", "landlock", "netns", "seccomp", "pidns",
+                                                               "disk_quota"))
     assert "Resource temporarily unavailable" in result.stderr or result.timed_out, result.observation()
     assert result.seconds < QUICK.wall_seconds + 2
     assert_contained(result, spawned)

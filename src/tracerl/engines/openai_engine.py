@@ -15,6 +15,12 @@ What it does:
   refused or dropped, timeouts, HTTP 5xx and 429, and a body that is not JSON (e.g. truncated). Not retried:
   other HTTP 4xx (a bad request stays bad) and JSON of the wrong shape (a server that does not speak this
   dialect). After the last retry the call raises one `EngineError` naming the URL and the last failure.
+- a total deadline per attempt: `timeout_s` bounds connecting, sending and reading the whole body together, so a
+  server that drips its answer byte by byte fails the attempt (retried) instead of holding the call;
+- every answer is checked before it is used: choices are objects with distinct in-range indexes, ids are integers in
+  [0, vocab_size) (non-negative and below 2^31 when vocab_size is not given), one finite logprob <= 0 per id, a
+  known finish reason. A malformed answer raises `EngineError` naming the server, the choice and the field, never
+  a bare AttributeError or TypeError.
 
 Logprobs. tracerl's trainer compares against `log_softmax(logits / T)` of the sampled token (see
 `tracerl.engines.transformers_engine`). vLLM's V1 engine reports logprobs *before* temperature by default
@@ -32,6 +38,7 @@ trained (serve the trainer's weights and name them in `model`).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -74,7 +81,9 @@ class OpenAIEngine:
     - `n_mode`: "n" (one request per prefix with n samples; vLLM, `tracerl serve`) or "repeat" (n requests of one
       sample each; SGLang).
     - `max_concurrency`: most requests in flight; raise it to keep a big server busy.
-    - `timeout_s`: per request (connect, read, write); lower it to fail fast, raise it for long generations.
+    - `timeout_s`: per attempt, connecting, sending and reading the whole answer together; lower it to fail fast, raise it for long generations.
+    - `vocab_size`: the policy's vocabulary; returned ids at or above it are rejected (pass it: a server serving
+      another model answers with ids the trainer cannot embed).
     - `max_retries`, `backoff_s`, `max_backoff_s`: a failed request is sent again up to `max_retries` times,
       after `backoff_s * 2**attempt` seconds (at most `max_backoff_s`); raise them to ride out a server restart.
 
@@ -84,13 +93,15 @@ class OpenAIEngine:
 
     def __init__(self, base_url: str, model: str | None = None, *, n_mode: str = "n", max_concurrency: int = 8,
                  timeout_s: float = 300.0, max_retries: int = 4, backoff_s: float = 0.5,
-                 max_backoff_s: float = 8.0, api_key: str | None = None):
+                 max_backoff_s: float = 8.0, api_key: str | None = None, vocab_size: int | None = None):
         if n_mode not in ("n", "repeat"):
             raise ValueError(f"n_mode={n_mode!r} must be 'n' (one request with n samples; vLLM, tracerl serve) or "
                              f"'repeat' (n requests of one sample; SGLang)")
         if max_concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
             raise ValueError(f"need max_concurrency >= 1 (got {max_concurrency}), timeout_s > 0 ({timeout_s}), "
                              f"max_retries >= 0 ({max_retries}) and backoff_s >= 0 ({backoff_s})")
+        self.vocab_size = vocab_size if vocab_size is not None else 2**31  # ids at or above are rejected
+        self.timeout_s = timeout_s
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.url = f"{self.base_url}/v1/completions"
         self.model = model
@@ -183,8 +194,17 @@ class OpenAIEngine:
                           f"to wait longer")
 
     def _post(self, body: dict) -> list[dict]:
+        deadline = time.monotonic() + self.timeout_s
         try:
-            response = self._client.post(self.url, json=body)
+            with self._client.stream("POST", self.url, json=body) as streamed:
+                chunks, size = [], 0
+                for chunk in streamed.iter_bytes():  # each read is bounded by timeout_s; the total by the deadline
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if time.monotonic() > deadline:
+                        raise _Retryable(f"the answer took longer than timeout_s={self.timeout_s}s to arrive "
+                                         f"({size} bytes so far)")
+                response = httpx.Response(streamed.status_code, headers=streamed.headers, content=b"".join(chunks))
         except httpx.TimeoutException as err:
             raise _Retryable(f"timed out ({type(err).__name__})") from err
         except httpx.TransportError as err:  # connection refused, reset, or dropped mid-response
@@ -196,28 +216,47 @@ class OpenAIEngine:
                               f"{_error_message(response)}")
         try:
             data = response.json()
-        except ValueError as err:  # truncated or not JSON at all
-            raise _Retryable(f"unparseable JSON body ({err}; {len(response.content)} bytes)") from err
+        except (ValueError, RecursionError) as err:  # truncated or not JSON at all
+            raise _Retryable(f"unparseable JSON body ({type(err).__name__}: {str(err)[:100]}; "
+                             f"{len(response.content)} bytes)") from err
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != body["n"]:
             raise EngineError(f"POST {self.url} answered without {body['n']} choices: {str(data)[:300]}")
-        return sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        if not all(isinstance(c, dict) for c in choices):
+            raise EngineError(f"{self.url} answered with a choice that is not an object: {str(choices)[:300]}")
+        indexes = [c.get("index", k) for k, c in enumerate(choices)]
+        if sorted(i for i in indexes if type(i) is int) != list(range(len(choices))):
+            raise EngineError(f"{self.url} answered with choice indexes {str(indexes)[:200]}; field 'index' must "
+                              f"number the {len(choices)} choices 0..{len(choices) - 1}")
+        return [c for _, c in sorted(zip(indexes, choices), key=lambda pair: pair[0])]
 
     def _parse_choice(self, choice: dict, params: SamplingParams, k: int) -> Completion:
         """Token ids, logprobs and finish reason of one choice, in either dialect (see the module docstring)."""
         logprobs = choice.get("logprobs") or {}
+        if not isinstance(logprobs, dict):
+            raise EngineError(f"{self.url} returned field 'logprobs' of type {type(logprobs).__name__} in choice {k}")
         values = logprobs.get("token_logprobs")
         ids = choice.get("token_ids")
         if ids is None:  # vLLM without return_token_ids: "token_id:123" strings
             tokens = logprobs.get("tokens") or []
-            if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-                raise EngineError(f"{self.url} returned no token ids in choice {k} (tokens {tokens[:3]}...); use a "
-                                  f"server that honours return_token_ids (vLLM >= 0.10.2, SGLang, tracerl serve) or "
-                                  f"return_tokens_as_token_ids (vLLM)")
+            if not isinstance(tokens, list) or not all(isinstance(t, str) and t.startswith("token_id:")
+                                                       and t[9:].isdigit() and len(t) < 30 for t in tokens):
+                raise EngineError(f"{self.url} returned no token ids in choice {k} (tokens {str(tokens)[:60]}...); "
+                                  f"use a server that honours return_token_ids (vLLM >= 0.10.2, SGLang, tracerl "
+                                  f"serve) or return_tokens_as_token_ids (vLLM)")
             ids = [int(t.removeprefix("token_id:")) for t in tokens]
+        if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in ids):
+            bad = next((t for t in ids if not (type(t) is int and 0 <= t < self.vocab_size)), ids) \
+                if isinstance(ids, list) else ids
+            raise EngineError(f"{self.url} returned field 'token_ids' with {str(bad)[:60]!s} in choice {k}; ids must "
+                              f"be integers in [0, {self.vocab_size}) (is the server serving the policy's model?)")
         if not isinstance(values, list) or len(values) != len(ids) or any(v is None for v in values):
             raise EngineError(f"{self.url} returned {len(ids)} token ids but logprobs {str(values)[:200]} in choice "
                               f"{k}; the server must return a logprob for every sampled token")
+        if not all(type(v) in (int, float) and math.isfinite(v) and v <= 1e-6 for v in values):
+            bad = next(v for v in values if not (type(v) in (int, float) and math.isfinite(v) and v <= 1e-6))
+            raise EngineError(f"{self.url} returned field 'logprobs.token_logprobs' with {str(bad)[:60]} in choice "
+                              f"{k}; a logprob must be a finite number <= 0")
         reason = choice.get("finish_reason")
         stops = set(params.stop_token_ids)
         if reason == "stop" and not (ids and ids[-1] in stops):
@@ -226,7 +265,7 @@ class OpenAIEngine:
         if reason not in ("stop", "length") or len(ids) > params.max_tokens:
             raise EngineError(f"{self.url} returned finish_reason={reason!r} with {len(ids)} tokens for max_tokens="
                               f"{params.max_tokens} in choice {k}")
-        return Completion([int(t) for t in ids], [float(v) for v in values], reason)
+        return Completion([int(t) for t in ids], [min(float(v), 0.0) for v in values], reason)
 
     def load_weights(self, path: str) -> None:
         """Ask the server to load the state dict saved at `path` (`torch.save`; the server must be able to read it).

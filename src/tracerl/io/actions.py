@@ -18,6 +18,17 @@ from typing import Any, Callable
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 MAX_ACTION_CHARS = 20_000  # longer turns are cut before parsing; a 100 KB reply cannot stall a regex
+MAX_INT_DIGITS = 64  # integers in tool-call JSON longer than this are a format error (int() is quadratic in digits)
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS} are accepted)")
+    return int(digits)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
 
 
 @dataclass
@@ -38,16 +49,16 @@ def parse_action(text: str) -> Action:
     if not call:
         return Action("invalid", error="no <tool_call> or <answer> found; call a tool or give <answer>...</answer>")
     try:
-        payload = json.loads(call.group(1).strip())
-    except (json.JSONDecodeError, RecursionError) as err:
+        payload = json.loads(call.group(1).strip(), parse_int=_bounded_int, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError; so is an over-long integer
         return Action("invalid", error=f"tool call is not valid JSON ({err.__class__.__name__}: {str(err)[:80]})")
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return Action("invalid", error='tool call must be a JSON object {"name": ..., "arguments": {...}}')
     arguments = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models send arguments as a JSON string
         try:
-            arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+            arguments = json.loads(arguments, parse_int=_bounded_int, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
             return Action("invalid", error="tool call arguments are a string that is not JSON")
     if not isinstance(arguments, dict):
         return Action("invalid", error="tool call arguments must be a JSON object")

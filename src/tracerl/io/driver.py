@@ -6,13 +6,20 @@ turn becomes a node: the policy's token ids and logprobs exactly as sampled (mas
 the environment inserts, rendered by the tokenizer's chat template (mask 0). A continuation from a
 node restores that node's environment snapshot and resumes from the node's exact token ids.
 
-Model output never raises out of here: format errors and tool failures are observations; an
-environment that raises, a turn limit or a token limit ends the rollout as a failed leaf. Each case is
+Model output never raises out of here: format errors and tool failures are observations, and so is an
+environment that raises on the model's turn (an `error:` observation, counted in `rollout/env_exceptions`;
+the rollout goes on); a turn limit or a token limit ends the rollout as a failed leaf. Each case is
 counted in `counters`. The driver tokenizes; engines and environments never do.
+
+Text the environment inserts cannot forge the chat template: every added or special token of the tokenizer
+(`<|im_end|>`, `<|im_start|>`, `</tool_response>`, ...) in an observation gets a zero-width space after its
+first character before encoding, so it is encoded as plain text, never as the control token (counted in
+`rollout/neutralised_special_tokens`).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -21,6 +28,29 @@ from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.engine import Engine, SamplingParams
+from tracerl.io.env import StepResult
+
+_BREAK = "\u200b"  # zero-width space: splits a control token's text so the tokenizer cannot match it
+
+
+def special_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A regex matching the text of every added or special token of `tokenizer` (longest first), or None."""
+    try:
+        tokens = set(tokenizer.get_added_vocab())
+    except AttributeError:
+        tokens = set()
+    tokens |= set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    tokens = {t for t in tokens if isinstance(t, str) and len(t) > 1}
+    if not tokens:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def neutralise(text: str, pattern: re.Pattern[str] | None) -> tuple[str, int]:
+    """`text` with each match of `pattern` split after its first character by a zero-width space; (text, count)."""
+    if pattern is None:
+        return text, 0
+    return pattern.subn(lambda m: m.group(0)[0] + _BREAK + m.group(0)[1:], text)
 
 
 @dataclass(frozen=True)
@@ -59,6 +89,7 @@ class ReActDriver:
         self._snapshots: dict[tuple[int, int], Any] = {}  # (id(tree), node_id) -> environment state after that node
         self._prefix_len: dict[tuple[int, int], int] = {}
         self._calls = 0
+        self._specials = special_token_pattern(getattr(renderer, "tokenizer", None))
 
     # ------------------------------------------------------------------ pool
     def set_rows(self, rows: Sequence[dict[str, Any]]) -> list[History]:
@@ -158,15 +189,18 @@ class ReActDriver:
 
         try:
             result = rollout.env.step(text)
-        except Exception as err:  # an environment bug must not take the step down; the rollout fails instead
+        except Exception as err:  # an environment failing on model output is data: the model sees the error
             self.counters["rollout/env_exceptions"] += 1
-            add(policy_only(f"error: {err!r}"[:500]), reward=0.0, finish_reason="error", tool_error=True)
-            return False
+            result = StepResult(f"error: the environment could not process this turn ({type(err).__name__}: "
+                                f"{str(err)[:300]})", done=False, tool_error=True)
         self.counters["rollout/tool_errors"] += bool(result.tool_error)
         if result.done:
             add(policy_only(), reward=result.reward, finish_reason="answer", tool_error=result.tool_error)
             return False
-        observation = result.observation
+        # lone surrogates (a JSON "\\ud800" echoed by a tool) cannot be encoded: they become "?"
+        observation = str(result.observation).encode("utf-8", "replace").decode("utf-8")
+        observation, num_neutralised = neutralise(observation, self._specials)
+        self.counters["rollout/neutralised_special_tokens"] += num_neutralised
         if len(observation) > limits.max_observation_chars:
             observation = observation[: limits.max_observation_chars] + " [observation truncated]"
             self.counters["rollout/truncated_observations"] += 1

@@ -3,9 +3,22 @@
 `run_python(code)` starts a fresh interpreter (`-s -S`: no site, no user site, stdlib only) in its own
 session and process group, in a new temporary working directory that is removed afterwards, with an
 environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the workdir,
-PYTHONHASHSEED=0 so that replaying the same code prints the same set order). A launcher (`_LAUNCHER`,
-below) applies these layers before the model's code runs; each one that took effect is listed in
+PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
+live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
+applies these layers before the model's code runs; each one that took effect is listed in
 `SandboxResult.layers`:
+
+- `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
+  the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
+  the namespace, so no descendant outlives the call (a child in a new session included).
+- `seccomp`: a BPF filter (x86_64, arm64): no fork/vfork/clone of processes (threads only), no exec, no
+  setsid/setpgid, no signal to any process but itself, no unshare/setns/mount/ptrace/io_uring/bpf. With it
+  the memory and process limits bind the whole run. The sandbox refuses to run without it (SandboxError).
+- `disk_quota`: a new mount namespace with a tmpfs over the workdir, capped at `max_disk_mb` and
+  `max_inodes` (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is
+  checked after the run and reported as an error.
+- Without root, the namespaces live in a new user namespace mapping only the caller's uid (capabilities
+  dropped); the code needs a uid drop or Landlock to be kept from the user's files, else SandboxError.
 
 - `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes
   (per user), file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`),
@@ -47,22 +60,25 @@ What it does not guarantee:
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import pwd
 import select
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Collection
 
-LAYERS = ("netns", "uid_drop", "landlock", "audit_hook")  # the switchable layers (rlimits are always on)
+# the switchable layers (rlimits are always on)
+LAYERS = ("netns", "pidns", "disk_quota", "seccomp", "uid_drop", "landlock", "audit_hook")
 
 
 class SandboxError(RuntimeError):
@@ -79,10 +95,12 @@ class SandboxLimits:
     max_file_mb: int = 8  # RLIMIT_FSIZE: largest file the code may write, stdout and stderr included
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_chars: int = 4000  # chars of stdout and of stderr kept (head and tail), the rest cut
+    max_disk_mb: int = 64  # all files the code writes together (a tmpfs of this size, or checked after the run)
+    max_inodes: int = 4096  # files and directories the code may create (tmpfs nr_inodes)
 
     def __post_init__(self) -> None:
         for name in ("wall_seconds", "cpu_seconds", "memory_mb", "max_processes", "max_file_mb",
-                     "max_open_files", "max_output_chars"):
+                     "max_open_files", "max_output_chars", "max_disk_mb", "max_inodes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name}={getattr(self, name)!r} must be positive")
         if self.memory_mb < 64:
@@ -131,10 +149,12 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     assert isinstance(code, str), f"code must be str, got {type(code).__name__}"
     assert set(_disable) <= set(LAYERS), f"unknown layers in _disable: {set(_disable) - set(LAYERS)}"
     python, uid, gid = _interpreter(drop=os.geteuid() == 0 and "uid_drop" not in _disable)
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="tracerl-sandbox-"))
-    files: list[IO[bytes]] = [tempfile.TemporaryFile() for _ in range(4)]
-    source, out, err, status = files
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
+    files: list[IO[bytes]] = []
+    report, disk_error = {}, None
     try:
+        files.extend(tempfile.TemporaryFile(dir=_private_parent()) for _ in range(4))
+        source, out, err, status = files
         if uid is not None:
             os.chown(workdir, uid, gid)
         source.write(code.encode("utf-8", "surrogatepass"))
@@ -142,7 +162,10 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         config = {"workdir": workdir, "uid": uid, "gid": gid, "status_fd": status.fileno(),
                   "disable": sorted(_disable), "cpu_seconds": limits.cpu_seconds,
                   "memory_bytes": limits.memory_mb << 20, "max_processes": limits.max_processes,
-                  "max_file_bytes": limits.max_file_mb << 20, "max_open_files": limits.max_open_files}
+                  "max_file_bytes": limits.max_file_mb << 20, "max_open_files": limits.max_open_files,
+                  "max_disk_bytes": limits.max_disk_mb << 20, "max_inodes": limits.max_inodes,
+                  # the tests switch layers off one by one; real use needs a uid drop or Landlock for files
+                  "allow_unconfined_files": bool({"uid_drop", "landlock"} & set(_disable))}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "PYTHONHASHSEED": "0"}
         start = time.monotonic()
@@ -159,6 +182,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         report = json.loads(status.read() or b"{}")
         stdout = _read_capped(out, limits)
         stderr = _read_capped(err, limits)
+        if "disk_quota" not in report.get("layers", ()) and _tree_bytes(workdir) > limits.max_disk_mb << 20:
+            disk_error = f"disk quota of {limits.max_disk_mb} MB exceeded"
     finally:
         for f in files:
             f.close()
@@ -172,7 +197,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=None if returncode < 0 else returncode, timed_out=timed_out,
         killed_by=killed_by, seconds=seconds, network_isolated="netns" in layers, layers=layers,
-        error=_limit_error(limits, timed_out, killed_by, returncode, stderr))
+        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr))
 
 
 def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, returncode: int,
@@ -187,6 +212,8 @@ def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, 
     if killed_by is not None:
         return f"killed by {killed_by}"
     last = stderr.rstrip().rsplit("\n", 1)[-1] if returncode != 0 else ""
+    if "[Errno 28]" in last:  # ENOSPC: the workdir's tmpfs is full
+        return f"disk quota of {limits.max_disk_mb} MB (or {limits.max_inodes} files) exceeded"
     if last.startswith("MemoryError"):
         return f"memory limit of {limits.memory_mb} MB exceeded"
     if "[Errno 27]" in last:  # EFBIG: the output or a file hit RLIMIT_FSIZE
@@ -280,280 +307,70 @@ def _read_capped(f: IO[bytes], limits: SandboxLimits) -> str:
     return f"{text[:head]}\n[... {len(text) - keep} chars truncated]\n{text[len(text) - (keep - head):]}"
 
 
-def _remove_tree(path: str) -> None:
-    """Delete the workdir even where the code removed permissions from its own files."""
-    def make_writable_and_retry(func, target, _exc) -> None:  # type: ignore[no-untyped-def]
-        os.chmod(os.path.dirname(target), 0o700)
-        if os.path.isdir(target) and not os.path.islink(target):
-            os.chmod(target, 0o700)
-        func(target)
-
-    handler = {"onexc" if sys.version_info >= (3, 12) else "onerror": make_writable_and_retry}
-    try:
-        shutil.rmtree(path, **handler)
-    except OSError as exc:
-        warnings.warn(f"could not remove sandbox workdir {path}: {exc}", RuntimeWarning, stacklevel=3)
+@functools.cache
+def _private_parent() -> str:
+    """A directory only this process's user can list (0711: the sandbox user may only pass through it to its
+    workdir), created once per process and removed at exit; workdirs and captured output live in it."""
+    parent = tempfile.mkdtemp(prefix="tracerl-sandboxes-")
+    os.chmod(parent, 0o711)
+    atexit.register(_remove_tree, parent)
+    return parent
 
 
-# The launcher runs in the child, as root until the uid drop. It must stay valid Python 3.8 and import
-# nothing outside the stdlib. Setup errors are reported through the status fd and fail the run closed.
-_LAUNCHER = r'''
-import builtins, ctypes, json, linecache, os, resource, signal, sys, traceback, types
-import _posixsubprocess, _signal
-
-CLONE_NEWUSER, CLONE_NEWNET, PR_SET_NO_NEW_PRIVS = 0x10000000, 0x40000000, 38
-LANDLOCK_CREATE, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT = 444, 445, 446  # syscall numbers, x86_64 and arm64
-FS_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
-FS_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights a rule on a file may hold
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-DENIED = frozenset({"subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.killpg", "pty.spawn",
-                    "sys.settrace", "sys.setprofile",  # a tracer could rewrite the hook's locals
-                    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "webbrowser.open",
-                    "sqlite3.enable_load_extension", "sqlite3.load_extension"})
-DENIED_PREFIXES = ("socket.", "ctypes.", "os.exec", "os.posix_spawn", "os.spawn", "syslog.")
-BANNED_IMPORTS = frozenset({"_posixsubprocess", "_signal", "_ctypes", "_testcapi", "_testinternalcapi",
-                            "_xxsubinterpreters"})
-WRITES_ARG0 = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
-                         "os.utime", "os.setxattr", "os.removexattr", "shutil.rmtree", "shutil.make_archive",
-                         "sqlite3.connect"})
-WRITES_ARG1 = frozenset({"shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.copytree",
-                         "shutil.unpack_archive"})
-WRITES_BOTH = frozenset({"os.rename", "os.link", "shutil.move"})
-READS_ARG0 = frozenset({"os.listdir", "os.scandir"})
-PROTECTED_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
-
-
-def text(path, _fspath=os.fspath, _bytes=bytes, _type=type):
-    path = _fspath(path)
-    return path.decode("utf-8", "surrogateescape") if _type(path) is _bytes else path
-
-
-def resolve(path, _lstat=os.lstat, _readlink=os.readlink, _getcwd=os.getcwd, _text=text, _int=int, _type=type):
-    """Absolute path with symlinks resolved, built from C functions bound here so that code that
-    monkeypatches os or builtins cannot change the answer."""
-    path = _readlink("/proc/self/fd/%d" % path) if _type(path) is _int else _text(path)
-    if not path.startswith("/"):
-        path = _getcwd() + "/" + path
-    todo, done, hops = path.split("/")[::-1], [], 0
+def _tree_bytes(path: str) -> int:
+    """Bytes in regular files beneath `path` (no symlinks followed), iteratively."""
+    total, todo = 0, [path]
     while todo:
-        name = todo.pop()
-        if name == "" or name == ".":
-            continue
-        if name == "..":
-            done = done[:-1]
-            continue
-        current = "/" + "/".join(done + [name])
         try:
-            link = _lstat(current).st_mode & 0o170000 == 0o120000
+            entries = list(os.scandir(todo.pop()))
         except OSError:
-            link = False
-        if link and hops < 40:
-            hops += 1
-            target = _readlink(current)
-            if target.startswith("/"):
-                done = []
-            todo.extend(target.split("/")[::-1])
-        else:
-            done.append(name)
-    return "/" + "/".join(done)
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
 
 
-def install_hook(workdir, read_roots):
-    """Second layer: deny by audit event. Everything the hook uses is bound as a default argument
-    (a tuple, which cannot be changed in place) so code cannot poison it through os or builtins."""
-    def hook(event, args, _wd=workdir + "/", _reads=tuple(r.rstrip("/") + "/" for r in read_roots),
-             _pid=os.getpid(), _resolve=resolve, _text=text, _denied=DENIED, _prefixes=DENIED_PREFIXES,
-             _banned=BANNED_IMPORTS, _w0=WRITES_ARG0, _w1=WRITES_ARG1, _w2=WRITES_BOTH, _r0=READS_ARG0,
-             _attrs=PROTECTED_ATTRS, _protected=(resolve, text), _wflags=WRITE_FLAGS,
-             _dflags=os.O_DIRECTORY | getattr(os, "O_PATH", 0), _stat=os.stat, _int=int, _type=type,
-             _error=PermissionError):
-        if event in _denied or event.startswith(_prefixes):
-            raise _error("sandbox: %s is not allowed" % event)
-        if event == "import":
-            if args[0] in _banned:
-                raise _error("sandbox: importing %s is not allowed" % args[0])
-            return
-        if event == "object.__setattr__":  # the hook itself is unreachable: only gc (denied) holds it
-            if args[1] in _attrs and (args[0] is _protected[0] or args[0] is _protected[1]):
-                raise _error("sandbox: changing the sandbox's functions is not allowed")
-            return
-        if event == "os.kill":
-            if args[0] != _pid:
-                raise _error("sandbox: signalling other processes is not allowed")
-            return
-        writes = reads = ()
-        if event == "open":
-            path, flags = args[0], args[2]
-            if _type(path) is _int:
-                return  # an fd the process already holds
-            if _type(flags) is not _int or flags & _wflags:
-                writes = (path,)
-            else:
-                target = _resolve(path) + "/"
-                if not target.startswith(_wd):
-                    try:  # a directory fd outside would let dir_fd-relative calls escape the checks
-                        is_dir = _stat(target[:-1]).st_mode & 0o170000 == 0o040000
-                    except OSError:
-                        is_dir = False
-                    if flags & _dflags or is_dir:
-                        raise _error("sandbox: opening directories outside the working directory is not allowed")
-                    reads = (path,)
-        elif event in _w0:
-            writes = (args[0],)
-        elif event in _w1:
-            writes = (args[1],)
-        elif event in _w2:
-            writes = (args[0], args[1])
-        elif event == "os.symlink":
-            target = _text(args[0])
-            if ".." in target.split("/") or target.startswith("/") and not (_resolve(target) + "/").startswith(_wd):
-                raise _error("sandbox: symlinks pointing outside the working directory are not allowed")
-            writes = (args[1],)
-        elif event in _r0 and args[0] is not None:
-            reads = (args[0],)
-        for path in writes:
-            if _type(path) is not _int:
-                raw = _text(path)
-                if raw == ":memory:" or raw == "":
-                    continue
-                if ".." in raw.split("/"):
-                    raise _error("sandbox: '..' in a path the code writes to is not allowed")
-            if not (_resolve(path) + "/").startswith(_wd):
-                raise _error("sandbox: writing outside the working directory is not allowed: %s" % (path,))
-        for path in reads:
-            target = _resolve(path) + "/"
-            if not target.startswith(_wd):
-                for root in _reads:
-                    if target.startswith(root):
-                        break
+def _remove_tree(path: str) -> None:
+    """Delete the workdir, however deep (no recursion: each directory's subdirectories are first moved up to
+    the top, so no path grows long) and whatever permissions the code left; modes are only ever changed beneath
+    `path`, never on `path`'s parent. Warns instead of raising."""
+    root = os.path.realpath(path)
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    todo, problems, done = [root], [], 0
+    try:
+        while done < len(todo):  # every directory ends up directly under root, emptied of files
+            current = todo[done]
+            done += 1
+            os.chmod(current, 0o700)  # the workdir or a directory in it: the code may have locked it
+            for entry in list(os.scandir(current)):
+                if not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)
+                elif current == root:
+                    todo.append(entry.path)
                 else:
-                    raise _error("sandbox: reading outside the allowed directories is not allowed: %s" % (path,))
-    sys.addaudithook(hook)
+                    flat = os.path.join(root, f".tracerl-flat-{len(todo)}")
+                    while os.path.lexists(flat):
+                        flat += "x"
+                    os.rename(entry.path, flat)
+                    todo.append(flat)
+        for directory in reversed(todo):  # all empty now, root last
+            os.rmdir(directory)
+    except OSError as exc:
+        problems.append(exc)
+    if problems or os.path.lexists(root):
+        warnings.warn(f"could not remove sandbox workdir {root}: {problems}", RuntimeWarning, stacklevel=3)
 
 
-def landlock(libc, workdir, read_roots):
-    abi = libc.syscall(LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
-    if abi < 1:
-        return False
-    fs_all = (1 << 13) - 1 - 1  # ABI 1 rights except EXECUTE (bit 0): nothing may be executed
-    fs_all |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-    handled = (ctypes.c_uint64 * 3)(fs_all | 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    ruleset = libc.syscall(LANDLOCK_CREATE, ctypes.byref(handled), 24 if abi >= 6 else 16 if abi >= 4 else 8, 0)
-    if ruleset < 0:
-        return False
-
-    class PathBeneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-    def allow(path, access):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if not os.path.isdir(path):
-                access &= FS_FILE_RIGHTS
-            rule = PathBeneath(access & fs_all, fd)
-            if libc.syscall(LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
-                raise OSError(ctypes.get_errno(), "landlock_add_rule(%s)" % path)
-        finally:
-            os.close(fd)
-
-    try:  # best effort: a rule that cannot be added leaves landlock off, the other layers still hold
-        allow(workdir, fs_all)
-        for root in read_roots:
-            allow(root, FS_READ)
-        allow("/dev/null", FS_READ | (1 << 1))
-        return libc.syscall(LANDLOCK_RESTRICT, ruleset, 0) == 0
-    except OSError:
-        return False
-    finally:
-        os.close(ruleset)
-
-
-def set_limit(which, value, hard=None):
-    _, current_hard = resource.getrlimit(which)
-    hard = value if hard is None else hard
-    if current_hard != resource.RLIM_INFINITY:
-        value, hard = min(value, current_hard), min(hard, current_hard)
-    resource.setrlimit(which, (value, hard))
-
-
-def setup(cfg):
-    layers, off, workdir = ["rlimits"], set(cfg["disable"]), cfg["workdir"]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    if "netns" not in off:
-        for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
-            if libc.unshare(flags) == 0:
-                layers.append("netns")
-                break
-    set_limit(resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)
-    set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
-    set_limit(resource.RLIMIT_NPROC, cfg["max_processes"])
-    set_limit(resource.RLIMIT_FSIZE, cfg["max_file_bytes"])
-    set_limit(resource.RLIMIT_NOFILE, cfg["max_open_files"])
-    set_limit(resource.RLIMIT_CORE, 0)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE raises instead of killing
-    if cfg["uid"] is not None:
-        os.setgroups([])
-        os.setgid(cfg["gid"])
-        os.setuid(cfg["uid"])
-        try:
-            os.setuid(0)
-        except PermissionError:
-            layers.append("uid_drop")
-        else:
-            raise RuntimeError("could regain root after dropping privileges")
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    read_roots = sorted({sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, "/usr", "/lib",
-                         "/lib64", "/etc", "/dev/urandom", "/dev/random", "/dev/zero", "/proc/self",
-                         "/sys/devices/system/cpu"})
-    if "landlock" not in off and landlock(libc, workdir, read_roots):
-        layers.append("landlock")
-    os.umask(0o077)
-    # close the paths around the hook: no fork_exec without an audit event, no pidfd signals
-    _posixsubprocess.fork_exec = _denied_fork_exec
-    for module in (signal, _signal):
-        if hasattr(module, "pidfd_send_signal"):
-            delattr(module, "pidfd_send_signal")
-    if "audit_hook" not in off:
-        install_hook(workdir, [os.path.realpath(r) for r in read_roots])
-        layers.append("audit_hook")
-    return layers
-
-
-def _denied_fork_exec(*args, **kwargs):
-    raise PermissionError("sandbox: starting processes is not allowed")
-
-
-def main():
-    cfg = json.loads(sys.argv[1])
-    code = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    try:
-        status = {"layers": setup(cfg)}
-    except BaseException as exc:
-        status = {"setup_error": "%s: %s" % (type(exc).__name__, exc)}
-    os.write(cfg["status_fd"], json.dumps(status).encode())
-    os.close(cfg["status_fd"])
-    if "setup_error" in status:
-        os._exit(111)
-    module = types.ModuleType("__main__")
-    module.__builtins__ = builtins
-    sys.modules["__main__"], sys.argv = module, ["<model>"]
-    linecache.cache["<model>"] = (len(code), None, code.splitlines(True), "<model>")
-    try:
-        exec(compile(code, "<model>", "exec"), module.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:  # print the traceback without the launcher's frame
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        sys.exit(1)
-
-
-main()
-'''
+# The child's side (layers, then the code) lives in its own file and runs as `python -c <its text>`.
+_LAUNCHER = (Path(__file__).resolve().parent / "sandbox_child.py").read_text(encoding="utf-8")

@@ -16,9 +16,9 @@ from typing import Any
 
 from tracerl.engines.transformers_engine import TransformersEngine
 
-from .app import create_app
+from .app import ServeLimits, create_app
 
-__all__ = ["create_app", "load_model", "run_server"]
+__all__ = ["ServeLimits", "create_app", "load_model", "run_server"]
 
 
 def load_model(model: str, *, device: str = "cpu",
@@ -45,7 +45,7 @@ def load_model(model: str, *, device: str = "cpu",
 
 def run_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
                served_model_name: str | None = None, num_threads: int = 0, log_level: str = "info",
-               say: Callable[[str], None] = lambda message: None) -> None:
+               say: Callable[[str], None] = lambda message: None, limits: ServeLimits | None = None) -> None:
     """Load `model` (see `load_model`) and serve it until interrupted. num_threads: torch CPU threads (0 = leave)."""
     import uvicorn
 
@@ -55,4 +55,4 @@ def run_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, device:
         engine, tokenizer, name = load_model(model, device=device, say=say)
         name = served_model_name or name
         say(f"serving {name!r} on http://{host}:{port}/v1/completions")
-        uvicorn.run(create_app(engine, name, tokenizer), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(engine, name, tokenizer, limits or ServeLimits()), host=host, port=port, log_level=log_level)

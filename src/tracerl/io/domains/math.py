@@ -51,7 +51,8 @@ PYTHON_TOOL_DOC = "Run a Python 3 program in a sandbox and return its stdout (or
 
 # -- numbers -------------------------------------------------------------------------------------
 
-_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
+# linear time: each group scans brace-free text once (a lazy `+?` before `\s*\}` is quadratic per \frac)
+_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]+)\}\s*\{([^{}]+)\}")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _UNSIGNED = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,3})?"  # exponent capped: Fraction("1e99999999") hangs
 # A minus right after a digit or ")" is subtraction ("3-2"), not the sign of the next number.
@@ -60,7 +61,9 @@ _NUMBER = re.compile(rf"((?<![\d)])-)?({_UNSIGNED})(?:\s*/\s*(-?{_UNSIGNED}))?")
 
 def _last_number(text: str) -> tuple[Fraction, bool] | None:
     """The exact value of the last number in `text`, and whether it is written as a plain integer."""
-    text = _FRAC.sub(r" \1/\2 ", text.replace("$", "").replace("\\!", "").replace("\u2212", "-"))
+    text = text[-4 * MAX_ANSWER_CHARS:]  # only the end is searched; cut before any pattern runs
+    text = _FRAC.sub(lambda m: f" {m.group(1).strip()}/{m.group(2).strip()} ",
+                     text.replace("$", "").replace("\\!", "").replace("\u2212", "-"))
     text = _THOUSANDS.sub("", text)
     matches = list(_NUMBER.finditer(text[-MAX_ANSWER_CHARS:]))
     if not matches:

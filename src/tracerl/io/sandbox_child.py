@@ -1,0 +1,404 @@
+"""The child side of `tracerl.io.sandbox`: run as a script (`python -s -S -c <this file's text> <config>`), it
+applies the isolation layers to itself, then runs the model's code read from stdin.
+
+It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib (it may run
+under a system python that cannot see tracerl). Setup errors go through the status fd and fail the run closed.
+Importing it as a module (for the tests of `seccomp_program`) runs nothing.
+"""
+
+import builtins, ctypes, json, linecache, os, resource, signal, sys, traceback, types
+import _posixsubprocess, _signal
+
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
+PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+
+# seccomp: syscalls the code may not make at all (EPERM), by architecture. No new sessions or process groups, no
+# new processes or programs, no namespaces, mounts, tracing or other processes' memory, no io_uring (its requests
+# bypass seccomp), no BPF or perf. Signals and clone are checked by argument in `seccomp_program`.
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SYSCALLS = {
+    "x86_64": {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "setsid": 112, "setpgid": 109,
+               "ptrace": 101, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+               "chroot": 161, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434,
+               "pidfd_send_signal": 424, "pidfd_getfd": 438, "io_uring_setup": 425, "bpf": 321,
+               "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
+               "tkill": 200, "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+               "clone": 56, "clone3": 435},
+    "aarch64": {"execve": 221, "execveat": 281, "setsid": 157, "setpgid": 154, "ptrace": 117, "unshare": 97,
+                "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "process_vm_readv": 270,
+                "process_vm_writev": 271, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
+                "io_uring_setup": 425, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219,
+                "add_key": 217, "request_key": 218, "tkill": 130, "kill": 129, "tgkill": 131,
+                "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "clone": 220, "clone3": 435},
+}
+SIGNAL_CALLS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: the target's tgid
+CLONE_THREAD = 0x00010000
+LANDLOCK_CREATE, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT = 444, 445, 446  # syscall numbers, x86_64 and arm64
+FS_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
+FS_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights a rule on a file may hold
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+DENIED = frozenset({"subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.killpg", "pty.spawn",
+                    "sys.settrace", "sys.setprofile",  # a tracer could rewrite the hook's locals
+                    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "webbrowser.open",
+                    "sqlite3.enable_load_extension", "sqlite3.load_extension"})
+DENIED_PREFIXES = ("socket.", "ctypes.", "os.exec", "os.posix_spawn", "os.spawn", "syslog.")
+BANNED_IMPORTS = frozenset({"_posixsubprocess", "_signal", "_ctypes", "_testcapi", "_testinternalcapi",
+                            "_xxsubinterpreters"})
+WRITES_ARG0 = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+                         "os.utime", "os.setxattr", "os.removexattr", "shutil.rmtree", "shutil.make_archive",
+                         "sqlite3.connect"})
+WRITES_ARG1 = frozenset({"shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.copytree",
+                         "shutil.unpack_archive"})
+WRITES_BOTH = frozenset({"os.rename", "os.link", "shutil.move"})
+READS_ARG0 = frozenset({"os.listdir", "os.scandir"})
+PROTECTED_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+
+
+def text(path, _fspath=os.fspath, _bytes=bytes, _type=type):
+    path = _fspath(path)
+    return path.decode("utf-8", "surrogateescape") if _type(path) is _bytes else path
+
+
+def resolve(path, _lstat=os.lstat, _readlink=os.readlink, _getcwd=os.getcwd, _text=text, _int=int, _type=type):
+    """Absolute path with symlinks resolved, built from C functions bound here so that code that
+    monkeypatches os or builtins cannot change the answer."""
+    path = _readlink("/proc/self/fd/%d" % path) if _type(path) is _int else _text(path)
+    if not path.startswith("/"):
+        path = _getcwd() + "/" + path
+    todo, done, hops = path.split("/")[::-1], [], 0
+    while todo:
+        name = todo.pop()
+        if name == "" or name == ".":
+            continue
+        if name == "..":
+            done = done[:-1]
+            continue
+        current = "/" + "/".join(done + [name])
+        try:
+            link = _lstat(current).st_mode & 0o170000 == 0o120000
+        except OSError:
+            link = False
+        if link and hops < 40:
+            hops += 1
+            target = _readlink(current)
+            if target.startswith("/"):
+                done = []
+            todo.extend(target.split("/")[::-1])
+        else:
+            done.append(name)
+    return "/" + "/".join(done)
+
+
+def install_hook(workdir, read_roots):
+    """Second layer: deny by audit event. Everything the hook uses is bound as a default argument
+    (a tuple, which cannot be changed in place) so code cannot poison it through os or builtins."""
+    def hook(event, args, _wd=workdir + "/", _reads=tuple(r.rstrip("/") + "/" for r in read_roots),
+             _pid=os.getpid(), _resolve=resolve, _text=text, _denied=DENIED, _prefixes=DENIED_PREFIXES,
+             _banned=BANNED_IMPORTS, _w0=WRITES_ARG0, _w1=WRITES_ARG1, _w2=WRITES_BOTH, _r0=READS_ARG0,
+             _attrs=PROTECTED_ATTRS, _protected=(resolve, text), _wflags=WRITE_FLAGS,
+             _dflags=os.O_DIRECTORY | getattr(os, "O_PATH", 0), _stat=os.stat, _int=int, _type=type,
+             _error=PermissionError):
+        if event in _denied or event.startswith(_prefixes):
+            raise _error("sandbox: %s is not allowed" % event)
+        if event == "import":
+            if args[0] in _banned:
+                raise _error("sandbox: importing %s is not allowed" % args[0])
+            return
+        if event == "object.__setattr__":  # the hook itself is unreachable: only gc (denied) holds it
+            if args[1] in _attrs and (args[0] is _protected[0] or args[0] is _protected[1]):
+                raise _error("sandbox: changing the sandbox's functions is not allowed")
+            return
+        if event == "os.kill":
+            if args[0] != _pid:
+                raise _error("sandbox: signalling other processes is not allowed")
+            return
+        writes = reads = ()
+        if event == "open":
+            path, flags = args[0], args[2]
+            if _type(path) is _int:
+                return  # an fd the process already holds
+            if _type(flags) is not _int or flags & _wflags:
+                writes = (path,)
+            else:
+                target = _resolve(path) + "/"
+                if not target.startswith(_wd):
+                    try:  # a directory fd outside would let dir_fd-relative calls escape the checks
+                        is_dir = _stat(target[:-1]).st_mode & 0o170000 == 0o040000
+                    except OSError:
+                        is_dir = False
+                    if flags & _dflags or is_dir:
+                        raise _error("sandbox: opening directories outside the working directory is not allowed")
+                    reads = (path,)
+        elif event in _w0:
+            writes = (args[0],)
+        elif event in _w1:
+            writes = (args[1],)
+        elif event in _w2:
+            writes = (args[0], args[1])
+        elif event == "os.symlink":
+            target = _text(args[0])
+            if ".." in target.split("/") or target.startswith("/") and not (_resolve(target) + "/").startswith(_wd):
+                raise _error("sandbox: symlinks pointing outside the working directory are not allowed")
+            writes = (args[1],)
+        elif event in _r0 and args[0] is not None:
+            reads = (args[0],)
+        for path in writes:
+            if _type(path) is not _int:
+                raw = _text(path)
+                if raw == ":memory:" or raw == "":
+                    continue
+                if ".." in raw.split("/"):
+                    raise _error("sandbox: '..' in a path the code writes to is not allowed")
+            if not (_resolve(path) + "/").startswith(_wd):
+                raise _error("sandbox: writing outside the working directory is not allowed: %s" % (path,))
+        for path in reads:
+            target = _resolve(path) + "/"
+            if not target.startswith(_wd):
+                for root in _reads:
+                    if target.startswith(root):
+                        break
+                else:
+                    raise _error("sandbox: reading outside the allowed directories is not allowed: %s" % (path,))
+    sys.addaudithook(hook)
+
+
+def landlock(libc, workdir_fd, read_roots):
+    abi = libc.syscall(LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return False
+    fs_all = (1 << 13) - 1 - 1  # ABI 1 rights except EXECUTE (bit 0): nothing may be executed
+    fs_all |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    handled = (ctypes.c_uint64 * 3)(fs_all | 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    ruleset = libc.syscall(LANDLOCK_CREATE, ctypes.byref(handled), 24 if abi >= 6 else 16 if abi >= 4 else 8, 0)
+    if ruleset < 0:
+        return False
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    def allow(path, access):
+        try:  # the workdir comes as an fd opened before the uid drop: its ancestors may not be searchable then
+            fd = os.dup(path) if type(path) is int else os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if type(path) is not int and not os.path.isdir(path):
+                access &= FS_FILE_RIGHTS
+            rule = PathBeneath(access & fs_all, fd)
+            if libc.syscall(LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule(%s)" % path)
+        finally:
+            os.close(fd)
+
+    try:  # best effort: a rule that cannot be added leaves landlock off, the other layers still hold
+        allow(workdir_fd, fs_all)
+        for root in read_roots:
+            allow(root, FS_READ)
+        allow("/dev/null", FS_READ | (1 << 1))
+        return libc.syscall(LANDLOCK_RESTRICT, ruleset, 0) == 0
+    except OSError:
+        return False
+    finally:
+        os.close(ruleset)
+
+
+def seccomp_program(machine, own_pid):
+    """The classic-BPF seccomp filter, as (code, jt, jf, k) tuples: kill the process on a foreign architecture;
+    EPERM for SYSCALLS (x32 numbers included); signals only to `own_pid` (itself); clone only for threads;
+    clone3 answers ENOSYS so that libc falls back to clone, whose flags the filter can read."""
+    nr_of, arch = SYSCALLS[machine], AUDIT_ARCH[machine]
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, KILL, ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+    EPERM, ENOSYS = 1, 38
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    if machine == "x86_64":
+        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | EPERM)]  # the x32 ABI's numbers
+    prog += [(JEQ, 0, 1, nr_of["clone3"]), (RET, 0, 0, ERRNO | ENOSYS)]
+    prog += [(JEQ, 0, 4, nr_of["clone"]), (LD, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW),
+             (RET, 0, 0, ERRNO | EPERM)]
+    for name in SIGNAL_CALLS:
+        prog += [(JEQ, 0, 4, nr_of[name]), (LD, 0, 0, 16), (JEQ, 0, 1, own_pid), (RET, 0, 0, ALLOW),
+                 (RET, 0, 0, ERRNO | EPERM)]
+    for name, nr in sorted(nr_of.items()):
+        if name not in SIGNAL_CALLS and name not in ("clone", "clone3"):
+            prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EPERM)]
+    return prog + [(RET, 0, 0, ALLOW)]
+
+
+def install_seccomp(libc):
+    machine = os.uname().machine
+    if machine not in SYSCALLS:
+        return False
+    prog = seccomp_program(machine, os.getpid())
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
+    program = Program(len(prog), filters)
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) == 0
+
+
+def write_file(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def namespaces(libc, cfg, off, layers):
+    """Network, mount (a size-capped tmpfs over the workdir) and PID namespaces, each where the kernel allows.
+    Without root they live in a new user namespace that maps only the caller's own uid and gid."""
+    if os.geteuid() != 0 and not {"netns", "disk_quota", "pidns"} <= off:
+        uid, gid = os.geteuid(), os.getegid()
+        if libc.unshare(CLONE_NEWUSER) != 0:
+            return
+        write_file("/proc/self/setgroups", "deny")
+        write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+        write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+    if "netns" not in off and libc.unshare(CLONE_NEWNET) == 0:
+        layers.append("netns")
+    if "disk_quota" not in off and libc.unshare(CLONE_NEWNS) == 0:
+        owner = cfg["uid"] if cfg["uid"] is not None else os.geteuid()
+        group = cfg["gid"] if cfg["gid"] is not None else os.getegid()
+        options = "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (cfg["max_disk_bytes"], cfg["max_inodes"],
+                                                                     owner, group)
+        if (libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+                and libc.mount(b"tmpfs", cfg["workdir"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                               options.encode()) == 0):
+            os.chdir(cfg["workdir"])  # the cwd still pointed at the directory under the mount
+            layers.append("disk_quota")
+    if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
+        layers.append("pidns")
+
+
+def reap_and_mirror(child, cpu_seconds):
+    """In the launcher after the PID namespace's fork: wait for the code (the namespace's init; when it ends the
+    kernel kills every process left inside) and end the same way. As init it ignores SIGXCPU, so a SIGKILL after
+    its CPU limit is reported as SIGXCPU."""
+    _, status, usage = os.wait4(child, 0)
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status)
+    if sig == signal.SIGKILL and usage.ru_utime + usage.ru_stime >= cpu_seconds - 0.05:
+        sig = signal.SIGXCPU
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)
+
+
+def drop_capabilities(libc):
+    """No capabilities left in the user namespace (the code could otherwise act as root inside it)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    return libc.capset(ctypes.byref(header), ctypes.byref(data)) == 0
+
+
+def set_limit(which, value, hard=None):
+    _, current_hard = resource.getrlimit(which)
+    hard = value if hard is None else hard
+    if current_hard != resource.RLIM_INFINITY:
+        value, hard = min(value, current_hard), min(hard, current_hard)
+    resource.setrlimit(which, (value, hard))
+
+
+def setup(cfg):
+    layers, off, workdir = ["rlimits"], set(cfg["disable"]), cfg["workdir"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    namespaces(libc, cfg, off, layers)
+    if "pidns" in layers:
+        child = os.fork()  # the child is the namespace's init (pid 1); this process only waits for it
+        if child:
+            reap_and_mirror(child, cfg["cpu_seconds"])
+    set_limit(resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)
+    set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
+    set_limit(resource.RLIMIT_NPROC, cfg["max_processes"])
+    set_limit(resource.RLIMIT_FSIZE, cfg["max_file_bytes"])
+    set_limit(resource.RLIMIT_NOFILE, cfg["max_open_files"])
+    set_limit(resource.RLIMIT_CORE, 0)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE raises instead of killing
+    workdir_fd = os.open(workdir, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
+    if cfg["uid"] is not None:
+        os.setgroups([])
+        os.setgid(cfg["gid"])
+        os.setuid(cfg["uid"])
+        try:
+            os.setuid(0)
+        except PermissionError:
+            layers.append("uid_drop")
+        else:
+            raise RuntimeError("could regain root after dropping privileges")
+    elif os.geteuid() != 0 and not drop_capabilities(libc):
+        raise RuntimeError("could not drop the capabilities of the user namespace")
+    if "pidns" in layers:  # after the uid change, which clears it: the code dies with the launcher
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != 0:  # 0: the launcher, outside the namespace, is still there
+            os._exit(112)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    read_roots = sorted({sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, "/usr", "/lib",
+                         "/lib64", "/etc", "/dev/urandom", "/dev/random", "/dev/zero", "/proc/self",
+                         "/sys/devices/system/cpu"})
+    if "landlock" not in off and landlock(libc, workdir_fd, read_roots):
+        layers.append("landlock")
+    os.close(workdir_fd)
+    if "seccomp" not in off:
+        if not install_seccomp(libc):
+            raise RuntimeError("seccomp filters are unavailable (errno %d); the sandbox needs a kernel with "
+                               "CONFIG_SECCOMP_FILTER on x86_64 or arm64" % ctypes.get_errno())
+        layers.append("seccomp")
+    if not cfg["allow_unconfined_files"] and "uid_drop" not in layers and "landlock" not in layers:
+        raise RuntimeError("neither a uid drop (run as root) nor Landlock (Linux >= 5.13 with lsm=landlock) is "
+                           "available, so the code could write every file this user can; enable one of them")
+    os.umask(0o077)
+    # close the paths around the hook: no fork_exec without an audit event, no pidfd signals
+    _posixsubprocess.fork_exec = _denied_fork_exec
+    for module in (signal, _signal):
+        if hasattr(module, "pidfd_send_signal"):
+            delattr(module, "pidfd_send_signal")
+    if "audit_hook" not in off:
+        install_hook(workdir, [os.path.realpath(r) for r in read_roots])
+        layers.append("audit_hook")
+    return layers
+
+
+def _denied_fork_exec(*args, **kwargs):
+    raise PermissionError("sandbox: starting processes is not allowed")
+
+
+def main():
+    cfg = json.loads(sys.argv[-1])
+    code = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        status = {"layers": setup(cfg)}
+    except BaseException as exc:
+        status = {"setup_error": "%s: %s" % (type(exc).__name__, exc)}
+    os.write(cfg["status_fd"], json.dumps(status).encode())
+    os.close(cfg["status_fd"])
+    if "setup_error" in status:
+        os._exit(111)
+    module = types.ModuleType("__main__")
+    module.__builtins__ = builtins
+    sys.modules["__main__"], sys.argv = module, ["<model>"]
+    linecache.cache["<model>"] = (len(code), None, code.splitlines(True), "<model>")
+    try:
+        exec(compile(code, "<model>", "exec"), module.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # print the traceback without the launcher's frame
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

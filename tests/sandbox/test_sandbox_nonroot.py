@@ -1,0 +1,59 @@
+"""The hostile programs as a non-root user (nobody, via setpriv), through a standalone copy of the sandbox run by the
+system python: every program is contained, and the host's temporary directory keeps its mode and contents."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hostile import HARDENING
+
+from tracerl.io import sandbox
+
+PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.lstat().st_mode, p.lstat().st_uid) for p in path.iterdir()} | {
+        ".": (path.stat().st_mode, path.stat().st_uid)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root; as non-root the other "
+                                               "sandbox tests already run as a non-root user")
+@pytest.mark.skipif(not (PYTHON and shutil.which("setpriv")), reason="needs /usr/bin/python3 and setpriv")
+def test_hostile_programs_are_contained_as_a_non_root_user():
+    code = Path(tempfile.mkdtemp(prefix="tracerl-nonroot-code-"))
+    host_tmp = Path(tempfile.mkdtemp(prefix="tracerl-nonroot-tmp-", dir="/tmp"))
+    try:
+        here = Path(__file__).parent
+        for source in (Path(sandbox.__file__), Path(sandbox.__file__).with_name("sandbox_child.py"),
+                       here / "hostile.py", here / "nonroot_probe.py"):
+            shutil.copy(source, code / source.name)
+        os.chmod(code, 0o755)
+        os.chmod(host_tmp, 0o1777)
+        before, tmp_mode = snapshot(host_tmp), os.stat("/tmp").st_mode
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-s",
+                               str(code / "nonroot_probe.py"), str(code), str(code)],
+                              env={"PATH": "/usr/bin:/bin", "TMPDIR": str(host_tmp), "HOME": str(host_tmp)},
+                              cwd="/", capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        print("non-root layers:", report["layers"])
+        assert "uid_drop" not in report["layers"] and "seccomp" in report["layers"], report["layers"]
+        assert {"landlock", "pidns"} & set(report["layers"]), report["layers"]
+        failed = {name: r for name, r in report["results"].items() if r["problems"]}
+        assert not failed, failed
+        assert len(report["results"]) == len(HARDENING) and report["normal"] == "45\n"
+        after = {k: v for k, v in snapshot(host_tmp).items() if not k.startswith(("tracerl-sandboxes-", "outside-"))}
+        assert after == before and os.stat("/tmp").st_mode == tmp_mode, "the host's temporary directory changed"
+        assert not [p for p in host_tmp.iterdir() if p.name.startswith("tracerl-sandboxes-")], \
+            "the private parent outlived the process"
+    finally:
+        shutil.rmtree(code, ignore_errors=True)
+        shutil.rmtree(host_tmp, ignore_errors=True)
