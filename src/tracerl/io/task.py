@@ -1,7 +1,7 @@
 """A user's own task: prompt rows from parquet or JSONL, tools as plain Python functions, a verl-style reward.
 
-A task is a `UserTask` (made by a factory named in the config, `data.task = "my_pkg.tasks:make_task"`) or just
-files (`data.train_files`, `data.test_files`, with the reward and tools left to the factory). `UserTaskDomain`
+A task is a `UserTask` (made by a factory named in the config, `data.task = "my_pkg.tasks:make_task"`, whose rows
+`data.train_files`/`data.test_files` may replace) or files alone (a tool-free task scored by `exact_match`). `UserTaskDomain`
 wraps it in the interface the built-in domains have (`rows`, `make_env`, `expert_turn`), so the driver, the
 trainer and the embedded policy's warm start run it unchanged.
 
@@ -201,8 +201,8 @@ def load_rows(paths: Sequence[str | Path], split: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for path in map(Path, paths):
         if not path.is_file():
-            raise ValueError(f"data file {path} does not exist; check data.{split}_files (relative paths are "
-                             "resolved from the working directory)")
+            raise ValueError(f"data file {path} does not exist; check data.{split}_files or the task's "
+                             f"{split}_files (relative paths start at the working directory), or generate it first")
         for number, row in enumerate(_read_file(path), 1):
             where = f"{path} row {number}"
             if not isinstance(row, dict):
