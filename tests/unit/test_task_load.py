@@ -166,3 +166,11 @@ def test_config_selects_the_task_domain():
         DataConfig(domain="math", task="m:f")
     with pytest.raises(ValueError, match="needs data.task"):
         DataConfig(domain="task")
+
+
+def test_a_task_on_ray_workers_is_refused_at_load():
+    pytest.importorskip("ray")
+    from tracerl.train.config import load_config
+    with pytest.raises(ValueError, match="run.executor=local"):
+        load_config(None, ["data.task=m:f", "run.executor=ray", "policy.engine=openai",
+                           "policy.base_url=http://127.0.0.1:1"])

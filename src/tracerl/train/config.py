@@ -203,6 +203,9 @@ class TrainConfig:
         if self.policy.model == "embedded" and self.data.domain not in ("multihop", "task"):
             raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
                              "is trained on multihop only; set policy.model to a local Hugging Face model directory")
+        if self.run.executor == "ray" and self.data.domain == "task":
+            raise ValueError("data.task with run.executor='ray': rollout workers do not load a task of your own yet; "
+                             "use run.executor=local")
         if self.run.executor == "ray" and self.policy.engine != "openai":
             raise ValueError(f"run.executor='ray' with policy.engine={self.policy.engine!r}: the rollout workers are "
                              "clients of a generation server; set policy.engine=openai and policy.base_url=http://"
