@@ -30,6 +30,7 @@ def price(item: str, quantity: int) -> str:
         item: the fruit, e.g. apple
         quantity: how many units
     """
+    item = item.strip()
     if item not in PRICES:
         raise ValueError(f"we do not sell {item!r}")
     return f"{quantity} {item} cost {quantity * PRICES[item]}"
@@ -43,6 +44,7 @@ def sell(state: Path, item: str, quantity: int) -> str:
         item: the fruit, e.g. apple
         quantity: how many units to sell
     """
+    item = item.strip()
     with sqlite3.connect(state / "shop.db") as db:
         row = db.execute("SELECT count FROM stock WHERE item = ?", (item,)).fetchone()
         if row is None:
@@ -81,12 +83,15 @@ def expert(row, turns, rng):
     kind = row["extra_info"]["kind"]
     calls = ([("price", int(first))] if kind == "cost" else
              [("sell", int(first))] + ([("sell", int(second))] if second else []))
+    # The space before a copied word or number is for the embedded tiny policy: its tokenizer gives " melon" (as
+    # in the question) and "melon" (after a quote) different tokens, and copying a token is far easier to learn
+    # than a mapping between two. The tools strip it; the reward reads the number either way.
     if len(turns) < len(calls):
         name, quantity = calls[len(turns)]
-        payload = json.dumps({"name": name, "arguments": {"item": item, "quantity": quantity}})
+        payload = json.dumps({"name": name, "arguments": {"item": " " + item, "quantity": quantity}})
         return f"<tool_call>{payload}</tool_call>"
     numbers = re.findall(r"-?\d+", turns[-1][1]) if turns else []
-    return f"<answer>{numbers[-1] if numbers else 0}</answer>"
+    return f"<answer> {numbers[-1] if numbers else 0}</answer>"
 
 
 def make_task() -> UserTask:

@@ -174,3 +174,19 @@ def test_a_task_on_ray_workers_is_refused_at_load():
     with pytest.raises(ValueError, match="run.executor=local"):
         load_config(None, ["data.task=m:f", "run.executor=ray", "policy.engine=openai",
                            "policy.base_url=http://127.0.0.1:1"])
+
+
+def test_the_cache_fingerprint_follows_rows_and_expert_code(tmp_path):
+    files = [write_jsonl(tmp_path / "t.jsonl", [row()])]
+
+    def expert_a(row, turns, rng):
+        return "<answer>1</answer>"
+
+    def expert_b(row, turns, rng):
+        return "<answer> 1</answer>"
+    prints = {UserTaskDomain(UserTask(tools=[lookup], compute_score=score, train_files=files, expert=e)).fingerprint()
+              for e in (expert_a, expert_b, expert_a)}
+    assert len(prints) == 2, "an edited expert must build a new warm start; the same one must reuse it"
+    other = UserTaskDomain(UserTask(tools=[lookup], compute_score=score, expert=expert_a,
+                                    train_files=[write_jsonl(tmp_path / "u.jsonl", [row("other?")])]))
+    assert other.fingerprint() not in prints

@@ -333,6 +333,13 @@ class UserTaskEnv:
             pass
 
 
+def _source(fn: Any) -> str:
+    try:
+        return inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):  # defined interactively, or a builtin: its name is all there is
+        return getattr(fn, "__qualname__", repr(fn))
+
+
 def json_call(name: str, arguments: dict[str, Any]) -> str:
     """The policy text of one tool call, in the format `parse_action` reads."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
@@ -381,8 +388,10 @@ class UserTaskDomain:
         return self.task.expert(row, turns, rng)
 
     def fingerprint(self) -> str:
-        """16 hex digits naming this task's rows and tool schemas (part of the embedded policy's cache key)."""
-        text = json.dumps([self.source, self._rows, [t.tool.schema() for t in self.tools.values()]],
+        """16 hex digits naming this task's rows, tool schemas and the source of its tools and expert (part of the
+        embedded policy's cache key: editing the expert or a tool builds the warm start anew)."""
+        code = [_source(f) for f in [*self.task.tools, self.task.expert, self.task.make_state]]
+        text = json.dumps([self.source, self._rows, [t.tool.schema() for t in self.tools.values()], code],
                           sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
