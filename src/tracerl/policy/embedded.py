@@ -10,6 +10,8 @@
    renders them (same `ChatRenderer`); the loss covers policy tokens only (assistant turns, mask 1), never the
    prompt or the tool responses (mask 0);
 5. a held-out evaluation through the real `ReActDriver` + `TransformersEngine` (`evaluate`).
+A user's task (`build_embedded(..., domain=UserTaskDomain)`, docs/tasks.md) replaces steps 1-2's world and expert
+with the task's rows and expert; a noisy turn is then the expert's turn for another row.
 Everything lands in `cache_dir/<hash of the config>/`, written to a temporary folder and renamed into place, so
 a half-written build is never loaded; later calls load it.
 
