@@ -12,6 +12,8 @@
    renders them (same `ChatRenderer`); the loss covers policy tokens only (assistant turns, mask 1), never the
    prompt or the tool responses (mask 0);
 5. a held-out evaluation through the real `ReActDriver` + `TransformersEngine` (`evaluate`).
+A user's task (`build_embedded(..., domain=UserTaskDomain)`, docs/tasks.md) replaces steps 1-2's world and expert
+with the task's rows and expert; a noisy turn is then the expert's turn for another row.
 Everything lands in `cache_dir/<hash of the config>/`, written to a temporary folder and renamed into place, so
 a half-written build is never loaded; later calls load it.
 
@@ -139,7 +141,7 @@ class EmbeddedPolicy:
     tokenizer: Any  # transformers.PreTrainedTokenizerFast with the chat template
     model: torch.nn.Module  # Qwen3ForCausalLM, float32, eval mode
     renderer: ChatRenderer
-    domain: MultiHopDomain
+    domain: Any  # MultiHopDomain, or the user's task it was built for
     config: EmbeddedConfig
     path: Path  # the cache folder it was saved to / loaded from
 
@@ -197,17 +199,23 @@ def spaced(action: str) -> str:
     return action.replace('"query": "', '"query": " ').replace("<answer>", "<answer> ")
 
 
-def expert_episode(domain: MultiHopDomain, row: dict[str, Any], rng: np.random.Generator, p_noise_turn: float,
-                   max_turns: int) -> Episode:
-    """One episode of the expert, each turn replaced with probability p_noise_turn by `noisy_turn`."""
+def expert_episode(domain: Any, row: dict[str, Any], rng: np.random.Generator, p_noise_turn: float,
+                   max_turns: int, others: Sequence[dict[str, Any]] = ()) -> Episode:
+    """One episode of the expert, each turn replaced with probability p_noise_turn by `noisy_turn` (multihop) or,
+    for a user's task, by the expert's turn for another row of `others` at the same point (a plausible wrong call)."""
+    multihop = isinstance(domain, MultiHopDomain)
     env = domain.make_env()
     env.reset(row)
     history: list[tuple[str, str]] = []
     turns, noisy = [], 0
     for _ in range(max_turns):
-        wrong = rng.random() < p_noise_turn
+        wrong = rng.random() < p_noise_turn and (multihop or len(others) > 1)
         noisy += wrong
-        action = spaced(noisy_turn(domain, row, history, rng) if wrong else domain.expert_turn(row, history, rng))
+        if multihop:
+            action = spaced(noisy_turn(domain, row, history, rng) if wrong else domain.expert_turn(row, history, rng))
+        else:
+            source = others[int(rng.integers(len(others)))] if wrong else row
+            action = domain.expert_turn(source, history, rng)
         result = env.step(action)
         if result.done:
             turns.append((action, None, ""))
@@ -303,21 +311,28 @@ def train_sft(model: torch.nn.Module, traces: Sequence[tuple[list[int], list[int
 # ------------------------------------------------------------------------------------------------ build and load
 
 def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | Path | None = None, *,
-                   rebuild: bool = False, progress: Progress | None = None) -> EmbeddedPolicy:
+                   rebuild: bool = False, progress: Progress | None = None, domain: Any = None) -> EmbeddedPolicy:
     """Load the policy of `config` from `cache_dir/<config.key()>/`, or build it there (see the module docstring).
 
-    cache_dir defaults to $TRACERL_CACHE or ~/.cache/tracerl; rebuild=True builds anew and replaces the cache."""
+    cache_dir defaults to $TRACERL_CACHE or ~/.cache/tracerl; rebuild=True builds anew and replaces the cache.
+    `domain` is a user's task (`tracerl.io.task.UserTaskDomain`, with an expert) in place of the multihop world;
+    its fingerprint joins the cache key, and the multihop fields of `config` are then unused."""
     say = progress or (lambda message: None)
-    path = Path(cache_dir or default_cache_dir()) / config.key()
+    key = config.key() if domain is None else f"{config.key()}-task-{domain.fingerprint()}"
+    path = Path(cache_dir or default_cache_dir()) / key
     if (path / "metrics.json").exists() and not rebuild:
         say(f"loading the embedded policy from {path}")
-        return load_embedded(path)
+        return load_embedded(path, domain)
     started = time.perf_counter()
-    domain = config.make_domain()
-    rows = domain.rows("warmup", config.num_train_rows, seed=config.seed)  # apart from RL's and the test questions
+    user_task = domain is not None
+    domain = domain or config.make_domain()
+    # multihop warms up on its own questions, apart from RL's and the test questions; a user's task on its train rows
+    rows = domain.rows("train" if user_task else "warmup", config.num_train_rows, seed=config.seed)
     rng = np.random.default_rng([config.seed, 0])
-    episodes = [expert_episode(domain, row, rng, config.p_noise_turn, config.max_turns) for row in rows]
-    texts = ([f"{d['title']}: {d['text']}" for d in domain.kb.documents] + [r["prompt"][-1]["content"] for r in rows]
+    episodes = [expert_episode(domain, row, rng, config.p_noise_turn, config.max_turns, rows) for row in rows]
+    documents = [f"{d['title']}: {d['text']}" for d in domain.kb.documents] if hasattr(domain, "kb") else []
+    schemas = [json.dumps(domain.make_env().tools())] if user_task else []  # multihop's build stays as it was
+    texts = (documents + schemas + [r["prompt"][-1]["content"] for r in rows]
              + [text for e in episodes for a, o, _ in e.turns for text in (a, o or "")])
     say(f"training a {config.vocab_size}-token tokenizer on {len(texts)} texts")
     tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
@@ -376,8 +391,8 @@ def _save(policy: EmbeddedPolicy, metrics: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; cleans up a failed write
 
 
-def load_embedded(path: str | Path) -> EmbeddedPolicy:
-    """A policy saved by `build_embedded` (local files only, no network)."""
+def load_embedded(path: str | Path, domain: Any = None) -> EmbeddedPolicy:
+    """A policy saved by `build_embedded` (local files only, no network); `domain` as given to the build."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
@@ -389,7 +404,7 @@ def load_embedded(path: str | Path) -> EmbeddedPolicy:
     config = EmbeddedConfig.from_dict(json.loads((path / "embedded_config.json").read_text()))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer", local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32, local_files_only=True).eval()
-    return EmbeddedPolicy(tokenizer, model, ChatRenderer(tokenizer), config.make_domain(), config, path)
+    return EmbeddedPolicy(tokenizer, model, ChatRenderer(tokenizer), domain or config.make_domain(), config, path)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

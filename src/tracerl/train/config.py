@@ -21,7 +21,7 @@ from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 
-DOMAINS = ("multihop", "math", "funcall", "bfcl")
+DOMAINS = ("multihop", "math", "funcall", "bfcl", "task")
 # the attention and MLP projections of Qwen3, LLaMA, Mistral and their kin: LoRA's usual targets
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -113,7 +113,10 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    domain: str = "multihop"  # one of multihop, math, funcall, bfcl
+    domain: str = "multihop"  # one of multihop, math, funcall, bfcl, or task (your own; set by data.task/train_files)
+    task: str = ""  # your own task: "module:function" returning tracerl.io.task.UserTask (see docs/tasks.md)
+    train_files: tuple[str, ...] = ()  # parquet/JSONL rows in verl's layout; replace the task's own training rows
+    test_files: tuple[str, ...] = ()  # parquet/JSONL held-out rows in verl's layout; replace the task's own
     num_train_prompts: int = 4000  # training questions the pools are drawn from (in a fixed shuffled order)
     max_turns: int = 0  # policy turns per rollout (0 = the embedded policy's or 8)
     max_tokens_per_turn: int = 0  # sampled tokens per turn (0 = the embedded policy's or 128)
@@ -122,6 +125,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
             raise ValueError(f"data.domain={self.domain!r} is unknown; use one of {DOMAINS}")
+        if (self.task or self.train_files) and self.domain not in ("multihop", "task"):
+            raise ValueError(f"data.task/data.train_files set with data.domain={self.domain!r}; drop data.domain "
+                             "(a task of your own is data.domain='task')")
+        if self.task or self.train_files:
+            object.__setattr__(self, "domain", "task")  # the default domain gives way to the user's task
+        elif self.domain == "task":
+            raise ValueError("data.domain='task' needs data.task=\"module:function\" or data.train_files")
         if self.num_train_prompts < 1 or min(self.max_turns, self.max_tokens_per_turn,
                                              self.max_tokens_per_rollout) < 0:
             raise ValueError("data.num_train_prompts must be >= 1 and the turn/token limits >= 0 (0 = default)")
@@ -205,9 +215,12 @@ class TrainConfig:
                              "knows; run it with `tracerl bench alloc`")
         if preset.advantage not in ADVANTAGES:
             raise ValueError(f"method {self.method!r} names advantage {preset.advantage!r}, which is not registered")
-        if self.policy.model == "embedded" and self.data.domain != "multihop":
+        if self.policy.model == "embedded" and self.data.domain not in ("multihop", "task"):
             raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
                              "is trained on multihop only; set policy.model to a local Hugging Face model directory")
+        if self.run.executor == "ray" and self.data.domain == "task":
+            raise ValueError("data.task with run.executor='ray': rollout workers do not load a task of your own yet; "
+                             "use run.executor=local")
         if self.run.executor == "ray" and self.policy.engine != "openai":
             raise ValueError(f"run.executor='ray' with policy.engine={self.policy.engine!r}: the rollout workers are "
                              "clients of a generation server; set policy.engine=openai and policy.base_url=http://"

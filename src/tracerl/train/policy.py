@@ -59,6 +59,14 @@ def make_domain(name: str) -> Any:
     raise ValueError(f"unknown domain {name!r}; use multihop, math, funcall or bfcl")
 
 
+def _user_task(config: TrainConfig) -> Any:
+    """The user's own task (data.task / data.train_files, docs/tasks.md), or None for a built-in domain."""
+    if config.data.domain != "task":
+        return None
+    from tracerl.io.task import load_task
+    return load_task(config.data.task, config.data.train_files, config.data.test_files)
+
+
 def _limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:
     data = config.data
     return DriverLimits(data.max_turns or default.max_turns, data.max_tokens_per_turn or default.max_tokens_per_turn,
@@ -162,7 +170,7 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
         from tracerl.policy.embedded import EmbeddedConfig, build_embedded
 
         built = build_embedded(EmbeddedConfig.from_dict(config.policy.embedded), config.policy.cache_dir or None,
-                               progress=say)
+                               progress=say, domain=_user_task(config))
         return TrainPolicy(built.model, built.tokenizer, built.renderer, built.domain,
                            _limits(config, built.config.limits()), built.tokenizer.pad_token_id, str(built.path))
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -177,5 +185,5 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
         raise ValueError(f"could not load policy.model={config.policy.model!r} ({err}); pass a local model "
                          "directory, or a hub id on a machine that can download it") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), make_domain(config.data.domain),
+    return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), _user_task(config) or make_domain(config.data.domain),
                        _limits(config, DriverLimits()), int(pad_id or 0), config.policy.model)
