@@ -8,7 +8,8 @@ node restores that node's environment snapshot and resumes from the node's exact
 
 Model output never raises out of here: format errors and tool failures are observations, and so is an
 environment that raises on the model's turn (an `error:` observation, counted in `rollout/env_exceptions`;
-the rollout goes on); a turn limit or a token limit ends the rollout as a failed leaf. Each case is
+the rollout goes on). An `EpisodeError` (the environment itself cannot go on, e.g. a user's reward that raised)
+ends the rollout as a failed leaf, counted the same way; a turn limit or a token limit ends the rollout as a failed leaf. Each case is
 counted in `counters`. The driver tokenizes; engines and environments never do.
 
 Text the environment inserts cannot forge the chat template: every added or special token of the tokenizer
@@ -28,7 +29,7 @@ from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.engine import Engine, SamplingParams
-from tracerl.io.env import StepResult
+from tracerl.io.env import EpisodeError, StepResult
 
 _BREAK = "\u200b"  # zero-width space: splits a control token's text so the tokenizer cannot match it
 
@@ -189,6 +190,11 @@ class ReActDriver:
 
         try:
             result = rollout.env.step(text)
+        except EpisodeError as err:  # the environment cannot go on (not the model's doing): a failed leaf
+            self.counters["rollout/env_exceptions"] += 1
+            add(policy_only(f"error: {type(err).__name__}: {err}"[:500]), reward=0.0, finish_reason="error",
+                tool_error=True)
+            return False
         except Exception as err:  # an environment failing on model output is data: the model sees the error
             self.counters["rollout/env_exceptions"] += 1
             result = StepResult(f"error: the environment could not process this turn ({type(err).__name__}: "

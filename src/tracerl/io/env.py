@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class EpisodeError(RuntimeError):
+    """Raised by an environment that cannot finish the episode through no fault of the model's turn (a user's reward
+    function that raised or returned a non-number): the driver ends the rollout as a failed leaf and counts it,
+    where any other exception from `step` becomes an error observation the model sees."""
+
+
 @dataclass
 class StepResult:
     observation: str  # text the environment inserts after the policy's turn ("" when done)

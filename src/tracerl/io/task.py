@@ -46,14 +46,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tracerl.io.actions import Tool, call_tool, parse_action
-from tracerl.io.env import StepResult
+from tracerl.io.env import EpisodeError, StepResult
 
 STATE_KINDS = ("copy", "replay")
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
 _JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
 
-class RewardError(RuntimeError):
+class RewardError(EpisodeError):
     """The task's reward function raised or returned a non-number (the leaf fails; the run goes on)."""
 
 
