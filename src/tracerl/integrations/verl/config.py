@@ -13,9 +13,9 @@ Advantages are computed per tree, in the worker that grew it (trees are never ga
 advantage step): exact for `trace`, `grpo` and `tree_grpo`, which only look inside a prompt's tree; `treepo`'s
 whitening over the batch becomes a whitening over each tree's rollouts.
 
-`plan_batch` is stage 1 for one batch: the method's root policy over the batch's predicted success probabilities,
-then each selected prompt's share of the stage-2 budget (split by stage-1 grants, as `tracerl.core.growth` does
-per prompt). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
+`plan_batch` is stage 1 for one batch (`tracerl.core.growth.plan_roots`, the trainer's own): the method's root
+policy over the batch's predicted success probabilities, then each selected prompt's share of the stage-2 budget
+(split by stage-1 grants). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
 is empty, so the prompt closest to p = 0.5 then gets `m_min` rollouts (counted in `alloc/forced_prompts`).
 """
 
@@ -27,8 +27,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
-from tracerl.core.growth import split_whole
-from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, get_method
+from tracerl.core.allocation import CONTINUATION_COST
+from tracerl.core.growth import force_plan, plan_roots
+from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.predictor import PREDICTORS
 from tracerl.io.driver import DriverLimits
 
@@ -52,7 +53,7 @@ class TraceVerlConfig:
     m_max: int | None = 16  # most stage-1 rollouts one prompt gets
     root_value: str = "v_root"  # stage-1 objective: v_root, knapsack_rl or nonzero_adv
     root_share: float = 0.75  # share of the budget spent on fresh rollouts when the method has a stage 2
-    continuation_cost: float = 0.5  # budget units of one continuation (a fresh rollout costs 1)
+    continuation_cost: float = CONTINUATION_COST  # budget units of one continuation (a fresh rollout costs 1)
     expand_rounds: int = 2  # stage-2 rounds per prompt
     k_max: int | None = 4  # most continuations one prefix gets per round
     max_turns: int = 6  # policy turns per rollout
@@ -144,14 +145,7 @@ def plan_batch(p: np.ndarray, config: TraceVerlConfig, rollout_n: int, rng: np.r
         raise ValueError("an empty batch cannot be planned; verl sent no prompts")
     method = get_method(config.method)
     alloc = config.allocation(num, rollout_n)
-    counts = np.asarray(ROOT_POLICIES[method.root_policy](p, method.root_budget(alloc), alloc, rng), dtype=np.int64)
-    forced = not counts.any()
-    if forced:
-        counts[int(np.argmin(np.abs(p - 0.5)))] = alloc.m_min
-    prefix_units = np.zeros(num)
-    if method.prefix_policy is not None and alloc.expand_rounds > 0:
-        unit = PREFIX_POLICIES[method.prefix_policy].granule(alloc) * alloc.continuation_cost
-        num_granules = int((alloc.budget - counts.sum()) // unit + 1e-9)
-        selected = np.flatnonzero(counts)
-        prefix_units[selected] = split_whole(max(num_granules, 0), counts[selected]) * unit
-    return BatchPlan(p=p, counts=counts, prefix_units=prefix_units, forced=forced)
+    plan = plan_roots(method, alloc, p, alloc.budget, rng)
+    forced = not plan.counts.any()
+    plan = force_plan(method, alloc, plan, p, alloc.budget)
+    return BatchPlan(p=p, counts=plan.counts, prefix_units=plan.prefix_budget, forced=forced)

@@ -1,0 +1,99 @@
+"""The shared step: the ledger's per-kind split is what was sampled, the pool cycles and resumes, budgets in
+tokens are spent within their cap and change nothing when unused."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tracerl.core.growth import TokenEstimate
+from tracerl.core.methods import METHODS, AllocationConfig, get_method
+from tracerl.core.metrics import ratios
+from tracerl.core.predictor import OraclePredictor
+from tracerl.core.simulator import SimConfig, Simulator
+from tracerl.core.step import PromptPool, make_ledger, run_step
+
+CONFIG = AllocationConfig(num_prompts=8, rollouts_per_prompt=4, pool_factor=4, m_max=8)
+ORACLE = OraclePredictor(lambda hs: np.array([h.meta["true_p"] for h in hs]))
+
+
+def step(name, config=CONFIG, seed=0, tokens=None):
+    sim = Simulator(SimConfig(num_prompts=256), seed=seed)
+    pool = sim.set_pool(np.arange(config.pool_size))
+    return run_step(get_method(name), config, pool, sim, np.random.default_rng(seed), predictor=ORACLE,
+                    tokens=tokens)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_logged_split_is_what_was_granted(name):
+    result = step(name)
+    m, trees = result.metrics, result.trees
+    roots = sum(t.root.num_granted for t in trees)
+    continuations = sum(n.num_granted for t in trees for n in t.nodes[1:])
+    assert m["alloc/units_root"] == roots
+    assert m["alloc/num_continuations"] == continuations
+    assert m["alloc/units_prefix"] == pytest.approx(continuations * CONFIG.continuation_cost)
+    assert m["alloc/units_root"] + m["alloc/units_prefix"] == pytest.approx(m["rollout/units"])
+    assert m["alloc/tokens_root"] + m.get("alloc/tokens_prefix", 0) == m["rollout/tokens"]
+    assert m["rollout/units"] <= CONFIG.budget + 1e-9
+    for key in ratios(result.counts):  # every measure is logged, whatever the measures module adds
+        assert f"alloc/{key}" in m
+    assert m["alloc/stage1_value"] >= 0.0
+
+
+def test_stage1_value_is_the_objective_of_the_grants():
+    from tracerl.core.allocation import root_value
+
+    result = step("trace")
+    g = result.growth
+    assert result.metrics["alloc/stage1_value"] == pytest.approx(float(np.sum(root_value(g.p_pool, g.root_counts))))
+    assert result.metrics["alloc/stage1_value"] > 0
+
+
+def test_pool_cycles_every_prompt_then_reshuffles_and_resumes():
+    pool = PromptPool(10, 4, np.random.default_rng(0))
+    first = [pool.next() for _ in range(2)]
+    assert len(set(np.concatenate(first).tolist())) == 8, "one pass never repeats a prompt"
+    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in pool.state_dict().items()}
+    third = pool.next()  # 8 + 4 > 10: a new order
+    again = PromptPool(10, 4, np.random.default_rng(99))
+    again.load_state_dict(state)
+    np.testing.assert_array_equal(again.next(), third)
+    assert PromptPool(3, 8, np.random.default_rng(0)).next().size == 3, "a pool never exceeds the data"
+
+
+@pytest.mark.parametrize("name", ["grpo", "pcl", "treepo", "trace", "trace-uniform-prefix"])
+def test_token_budget_is_spent_within_budget(name):
+    config = replace(CONFIG, budget_unit="tokens", token_budget=20_000, default_rollout_tokens=300)
+    tokens = TokenEstimate(config.default_rollout_tokens)
+    for s in range(3):  # the estimate learns from each step
+        result = step(name, config, seed=s, tokens=tokens)
+        m = result.metrics
+        assert m["alloc/cost_root"] + m.get("alloc/cost_prefix", 0.0) <= 20_000 + 1e-6
+        assert m["alloc/cost_root"] > 0 and m["rollout/units"] > 0
+    assert tokens.total[1] > 0 and tokens.per_prompt
+
+
+def test_token_cap_stops_stage2():
+    capped = step("trace", replace(CONFIG, token_cap=1))  # the bare rollouts alone pass the cap
+    assert capped.metrics["alloc/num_continuations"] == 0
+    assert step("trace").metrics["alloc/num_continuations"] > 0
+
+
+def test_token_estimate_falls_back_to_the_run_mean_then_the_default():
+    from tracerl.core.tree import Segment, Tree
+
+    est = TokenEstimate(100)
+    assert est.rollout(["a"]).tolist() == [100.0]
+    tree = Tree.new("a", "q")
+    turn = tree.add_child(0, Segment.text_only("x", "o", 10, 5))
+    tree.add_child(turn, Segment.text_only("y", "", 20, 0), reward=1.0)
+    est.observe([tree])
+    assert est.rollout(["a", "b"]).tolist() == [35.0, 35.0]
+    assert est.continuation(tree, [turn]).tolist() == [20.0]
+
+
+def test_ledger_from_config():
+    ledger = make_ledger(replace(CONFIG, budget_unit="tokens", token_budget=500, token_cap=900))
+    assert (ledger.total_units, ledger.total_tokens, ledger.unit) == (500.0, 900, "tokens")
+    assert make_ledger(CONFIG).total_units == CONFIG.budget
