@@ -431,7 +431,7 @@ def test_built_in_estimators_are_registered():
 @pytest.mark.parametrize("kwargs, fix", [
     ({"leave_one_out": True, "min_leaves": 1}, "raise min_leaves"),
     ({"eps": -1.0}, "must be >= 0"),
-    ({"std_ddof": 2}, "use 1"),
+    ({"std_ddof": 2}, "std_ddof=2 must be one of 0, 1"),
     ({"min_leaves": 0}, "must be >= 1"),
 ])
 def test_bad_config_raises_with_the_fix(kwargs, fix):

@@ -97,3 +97,18 @@ def test_ledger_from_config():
     ledger = make_ledger(replace(CONFIG, budget_unit="tokens", token_budget=500, token_cap=900))
     assert (ledger.total_units, ledger.total_tokens, ledger.unit) == (500.0, 900, "tokens")
     assert make_ledger(CONFIG).total_units == CONFIG.budget
+
+
+def test_bench_alloc_takes_set_and_runs_in_tokens(capsys):
+    import json
+
+    from tracerl.cli import main
+
+    args = ["bench", "alloc", "--methods", "grpo,trace", "--steps", "3", "--warmup", "1", "--json",
+            "--set", "allocation.budget_unit=tokens", "--set", "stage1_num_prompts=1000", "--set", "stage1_budget=100"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["allocation"]["budget_unit"] == "tokens"
+    assert set(result["methods"]) == {"grpo", "trace"}
+    assert main(["bench", "alloc", "--set", "allocation.m_min=1"]) == 2
+    assert "allocation.m_min=1 must be >= 2" in capsys.readouterr().err

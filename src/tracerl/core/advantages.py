@@ -24,31 +24,26 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.core.tree import Tree
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    eps: float = 1e-6  # added to the std before dividing, so a low-spread group cannot blow up
-    std_ddof: int = 1  # 1 = unbiased std, as verl's and TRL's GRPO use (torch.std); 0 = population std
+    eps: float = knob(1e-6, ge=0)  # added to the std before dividing, so a low-spread group cannot blow up
+    std_ddof: int = knob(1, choices=(0, 1))  # 1 = unbiased std, as verl's and TRL's GRPO use (torch.std); 0 = population std
     norm_by_std: bool = True  # grpo, tree_grpo: divide by the group's std; False gives Dr.GRPO (no std bias)
     leave_one_out: bool = False  # trace: baseline Vhat(b) without leaf l's own reward (unbiased baseline)
     scale_by_root_std: bool = True  # trace: divide by the std of the prompt's leaf rewards (star tree == grpo)
-    min_leaves: int = 2  # trace, treepo: a node serves as a baseline only with at least this many leaves
-    treepo_whiten: str = "tokens"  # treepo: whiten over the batch's policy tokens (TreePO's code) or over "leaves"
+    min_leaves: int = knob(2, ge=1)  # trace, treepo: a node serves as a baseline only with at least this many leaves
+    treepo_whiten: str = knob("tokens", choices=("tokens", "leaves"))  # treepo: whiten over the batch's policy tokens (TreePO's code) or over leaves
 
     def __post_init__(self) -> None:
-        if not self.eps >= 0:
-            raise ValueError(f"advantages.eps={self.eps} must be >= 0; the default is 1e-6")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"advantages.std_ddof={self.std_ddof}; use 1 (unbiased, like torch.std) or 0 (population)")
-        if self.min_leaves < 1:
-            raise ValueError(f"advantages.min_leaves={self.min_leaves} must be >= 1 (2 is the default)")
-        if self.treepo_whiten not in ("tokens", "leaves"):
-            raise ValueError(f"advantages.treepo_whiten={self.treepo_whiten!r}; use 'tokens' (TreePO's code) or 'leaves'")
+        problems = check_fields(self, "advantages.")
         if self.leave_one_out and self.min_leaves < 2:
-            raise ValueError("advantages.leave_one_out=True needs min_leaves >= 2: a baseline without the leaf's "
-                             "own reward needs another leaf; raise min_leaves or turn leave_one_out off")
+            problems.append("advantages.leave_one_out=True needs min_leaves >= 2: a baseline without the leaf's "
+                            "own reward needs another leaf; raise min_leaves or turn leave_one_out off")
+        raise_problems(problems)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: equality over tuples of arrays has no single truth value

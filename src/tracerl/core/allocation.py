@@ -122,9 +122,9 @@ def solve_roots(p_success, budget: float, *, m_min: int = 2, m_max: int | None =
     if p.size == 0:
         raise ValueError("empty candidate pool: p_success has no entries; pass at least one prompt")
     budget = _budget(budget)
-    m_min = _whole(m_min, "m_min", low=1)
+    m_min = _whole(m_min, "m_min", low=2)  # one rollout is never mixed: the same rule as allocation.m_min
     if m_max is not None:
-        m_max = _whole(m_max, "m_max", low=1)
+        m_max = _whole(m_max, "m_max", low=2)
         if m_max < m_min:
             raise ValueError(f"m_min={m_min} > m_max={m_max}; lower m_min or raise m_max")
     c = _costs(cost, p.size)

@@ -17,65 +17,37 @@ from typing import Callable
 import numpy as np
 
 from tracerl.core.allocation import BUDGET_UNITS, CONTINUATION_COST, ROOT_VALUES, allocate_prefixes, allocate_roots
+from tracerl.core.rules import check_fields, knob, raise_problems
 
 
 @dataclass(frozen=True)
 class AllocationConfig:
     """The sampling budget of one step and how it may be spent. Every method sees the same values."""
 
-    num_prompts: int = 64  # prompts per step for uniform methods; budget = num_prompts * rollouts_per_prompt
-    rollouts_per_prompt: int = 8  # n of GRPO-style methods; sets the budget every method gets
-    pool_factor: int = 4  # candidate pool = pool_factor * num_prompts (PCL and the knapsack select from it)
-    m_min: int = 2  # fewest rollouts a selected prompt gets (one rollout can never be mixed)
-    m_max: int | None = 16  # most rollouts one prompt may get in stage 1; None = only the budget limits it
-    root_value: str = "v_root"  # stage-1 objective: v_root (paper), knapsack_rl or nonzero_adv
-    root_share: float = 0.75  # share of the budget spent on fresh rollouts by methods with a stage 2
-    continuation_cost: float = CONTINUATION_COST  # budget units of one continuation (a fresh rollout costs 1)
-    expand_rounds: int = 2  # stage-2 rounds; each round can branch from nodes the previous one created
-    k_max: int | None = 4  # most continuations one prefix gets per round
-    branch_width: int = 2  # TreePO: continuations per randomly chosen prefix
-    stage2_mode: str = "per_prompt"  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
-    budget_unit: str = "units"  # units: a rollout costs its trajectory units; tokens: its expected sampled tokens
-    token_budget: int | None = None  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
-    default_rollout_tokens: int = 256  # expected tokens of a rollout before any has been seen (budget_unit=tokens)
-    token_cap: int | None = None  # hard cap on a step's sampled tokens: no stage-2 round starts past it; None = none
+    num_prompts: int = knob(64, ge=1)  # prompts per step for uniform methods; budget = num_prompts * rollouts_per_prompt
+    rollouts_per_prompt: int = knob(8, ge=2)  # n of GRPO-style methods (one rollout is never mixed); sets the budget
+    pool_factor: int = knob(4, ge=1)  # candidate pool = pool_factor * num_prompts (PCL and the knapsack select from it)
+    m_min: int = knob(2, ge=2)  # fewest rollouts a selected prompt gets (one rollout can never be mixed)
+    m_max: int | None = knob(16, ge=2)  # most rollouts one prompt may get in stage 1; None = only the budget limits it
+    root_value: str = knob("v_root", choices=ROOT_VALUES)  # stage-1 objective: v_root (paper), knapsack_rl or nonzero_adv
+    root_share: float = knob(0.75, gt=0, le=1)  # share of the budget spent on fresh rollouts by methods with a stage 2
+    continuation_cost: float = knob(CONTINUATION_COST, gt=0)  # budget units of one continuation (a fresh rollout costs 1)
+    expand_rounds: int = knob(2, ge=0)  # stage-2 rounds; each round can branch from nodes the previous one created
+    k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round; None = no limit
+    branch_width: int = knob(2, ge=1)  # TreePO: continuations per randomly chosen prefix
+    stage2_mode: str = knob("per_prompt", choices=("per_prompt", "global"))  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
+    budget_unit: str = knob("units", choices=BUDGET_UNITS)  # units: a rollout costs its trajectory units; tokens: its expected sampled tokens
+    token_budget: int | None = knob(None, ge=1)  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
+    default_rollout_tokens: int = knob(256, ge=1)  # expected tokens of a rollout before any has been seen (budget_unit=tokens)
+    token_cap: int | None = knob(None, ge=1)  # hard cap on a step's sampled tokens: no stage-2 round starts past it; None = none
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.num_prompts < 1:
-            problems.append(f"num_prompts={self.num_prompts} must be >= 1")
-        if self.rollouts_per_prompt < 2:
-            problems.append(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= 2 (one rollout is never mixed)")
-        if self.pool_factor < 1:
-            problems.append(f"pool_factor={self.pool_factor} must be >= 1")
-        if self.m_min < 2:
-            problems.append(f"m_min={self.m_min} must be >= 2 (one rollout is never mixed)")
+        problems = check_fields(self, "allocation.")
         if self.m_max is not None and self.m_max < self.m_min:
             problems.append(f"m_max={self.m_max} < m_min={self.m_min}; raise m_max or lower m_min")
-        if self.root_value not in ROOT_VALUES:
-            problems.append(f"root_value={self.root_value!r} is unknown; use one of {sorted(ROOT_VALUES)}")
-        if not 0.0 < self.root_share <= 1.0:
-            problems.append(f"root_share={self.root_share} must be in (0, 1]")
-        if not self.continuation_cost > 0:
-            problems.append(f"continuation_cost={self.continuation_cost} must be > 0")
-        if self.expand_rounds < 0 or self.branch_width < 1:
-            problems.append("expand_rounds must be >= 0 and branch_width >= 1")
-        if self.k_max is not None and self.k_max < 1:
-            problems.append(f"k_max={self.k_max} must be >= 1 or None")
-        if self.stage2_mode not in ("per_prompt", "global"):
-            problems.append(f"stage2_mode={self.stage2_mode!r}; use 'per_prompt' or 'global'")
-        if self.budget_unit not in BUDGET_UNITS:
-            problems.append(f"budget_unit={self.budget_unit!r}; use one of {BUDGET_UNITS}")
-        if self.token_budget is not None and self.token_budget < 1:
-            problems.append(f"token_budget={self.token_budget} must be >= 1 or None")
-        if self.default_rollout_tokens < 1:
-            problems.append(f"default_rollout_tokens={self.default_rollout_tokens} must be >= 1")
-        if self.token_cap is not None and self.token_cap < 1:
-            problems.append(f"token_cap={self.token_cap} must be >= 1 or None")
-        if self.budget < self.m_min:
+        if not problems and self.budget < self.m_min:
             problems.append(f"budget {self.budget} is below m_min={self.m_min}; raise num_prompts or rollouts_per_prompt")
-        if problems:
-            raise ValueError("invalid allocation config: " + "; ".join(problems))
+        raise_problems(problems, "invalid allocation config")
 
     @property
     def budget(self) -> float:

@@ -68,6 +68,7 @@ class Trainer:
     """Holds the policy, engine, predictor, optimiser and run state of one run directory."""
 
     def __init__(self, config: TrainConfig, *, say: Say | None = None):
+        config.check_machine()  # Ray, the CUDA device, peft, the model: what a config built in code skipped
         self.config = config
         self.say = say or (lambda message: None)
         self.method = get_method(config.method)
