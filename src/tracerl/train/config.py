@@ -25,8 +25,8 @@ from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
+from tracerl.io.domains import DOMAINS
 
-DOMAINS = ("multihop", "math", "funcall", "bfcl")
 # the attention and MLP projections of Qwen3, LLaMA, Mistral and their kin: LoRA's usual targets
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -47,7 +47,7 @@ from tracerl.io.runlog import RunLog, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import TrainConfig
-from tracerl.train.evaluation import evaluate_rows
+from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
 from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
 

@@ -49,6 +49,7 @@ from tracerl.integrations.verl.config import TraceVerlConfig
 from tracerl.integrations.verl.engine import RolloutTimeout, VerlEngine
 from tracerl.integrations.verl.rows import LeafRow, leaf_rows, tracerl_row
 from tracerl.io.chat import ChatRenderer
+from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
 
@@ -118,8 +119,6 @@ def grow_tree(row: dict, count: int, prefix_units: float, p_root: float, *, engi
 class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from tracerl.train.policy import make_domain
-
         self.trace_config = TraceVerlConfig.from_verl(self.config)
         self.method = get_method(self.trace_config.method)
         self.renderer = ChatRenderer(self.tokenizer)
