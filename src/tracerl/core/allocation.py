@@ -1,7 +1,7 @@
 """Budget allocation: stage 1 (which prompts, how many fresh rollouts), stage 2 (which prefixes to
 continue, how often), and the ledger that counts what sampling costs.
 
-Stage 1 (DESIGN.md section 2). A prompt with predicted success v given m fresh rollouts is worth
+Stage 1 (docs/design.md, section 2). A prompt with predicted success v given m fresh rollouts is worth
 V(v, m), by default V_root(v, m) = 1 - v^m - (1 - v)^m, the chance that its rollouts are mixed. Choose
 m_i in {0} ∪ [m_min, m_max] maximising sum_i V(v_i, m_i) s.t. sum_i m_i cost_i <= budget; m_i = 0 filters
 the prompt out. With unit costs the marginal gain g(m) = v^m (1 - v) + (1 - v)^m v decreases for
@@ -105,7 +105,7 @@ def solve_roots(p_success, budget: float, *, m_min: int = 2, m_max: int | None =
     """Stage 1: maximise sum_i V(p_i, m_i) s.t. sum_i m_i cost_i <= budget, m_i in {0} ∪ [m_min, m_max].
 
     With unit costs the marginal gain of V_root decreases for m >= 1, so a greedy over marginal gains
-    (a prompt's first grant being its m_min block) is optimal except at the budget boundary (DESIGN.md
+    (a prompt's first grant being its m_min block) is optimal except at the budget boundary (docs/design.md,
     section 2); hence two solvers, and a bound on what the boundary costs:
 
     - "exact": DP over the budget; integer costs, the budget is floored. upper_bound == value.

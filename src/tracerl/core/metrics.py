@@ -1,4 +1,4 @@
-"""The allocation measures of DESIGN.md section 3, computed from one step's trees.
+"""The allocation measures of docs/design.md (section 3), computed from one step's trees.
 
 Counts are returned alongside the ratios so that several steps can be pooled as a ratio of sums
 (`pool_counts`) instead of a mean of ratios, which overweights small steps.

@@ -14,7 +14,7 @@ Everything lands in `cache_dir/<hash of the config>/`, written to a temporary fo
 a half-written build is never loaded; later calls load it.
 
 Why noise and few SFT steps: a tiny model that sees every entity in training learns the clean task almost perfectly
-(DESIGN.md section 6), which leaves RL nothing to learn. The default config is tuned so that the warm start succeeds
+(docs/design.md, section 6), which leaves RL nothing to learn. The default config is tuned so that the warm start succeeds
 on roughly 20-60% of held-out questions at temperature 1; `metrics.json` records what the build measured. Measured
 once (seeds 0 and 1, 256 held-out questions x 4 samples): 30% and 32% (SE 1.7%) at temperature 1, 82% and 81%
 greedy; the build took about 2 minutes with 2 threads on a quiet 2-core machine, 3 with 1 thread.

@@ -9,7 +9,7 @@ Pelora. Arlo Venn works for Quilt Systems."). Distractor entities with look-alik
 `MultiHopDomain` asks 2-4 hop questions along relation chains ("Who is the founder of the employer of
 Arlo Venn?"); every relation is a function, so the answer is unique. One world serves both splits and
 each question goes to train or test by a hash of its chain, so the splits never share a question but
-share every entity (DESIGN.md section 6: a tiny model can only copy names it has seen in training).
+share every entity (docs/design.md, section 6: a tiny model can only copy names it has seen in training).
 `MultiHopEnv` gives the policy one tool, `search(query)`, and scores `<answer>` by normalised exact match.
 
 `load_qa_file` reads HotpotQA / 2WikiMultiHopQA / MuSiQue / FlashRAG-style files and a user corpus into
