@@ -5,8 +5,8 @@
     candidate pool -> predictor -> stage 1 -> bare rollouts -> stage 2 -> rewards -> natural backup targets
     -> predictor scored on the step's fresh nodes, then updated -> advantages -> policy update
 
-Allocation, advantages and measures are the pure functions of `tracerl.core` (the same ones `tracerl bench
-alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
+Pool, predictor, allocation, predictor update, advantages and measures are one call, `tracerl.core.step.run_step`
+(the same step `tracerl bench alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
 this process or (run.executor="ray") on `RayRolloutRunner` workers that stay up for the whole run; the update is
 the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees. The model, the
 reference model, the in-process engine and each micro-batch live on `policy.device`; with LoRA (`policy.lora_rank`)
