@@ -83,14 +83,29 @@ def test_token_cap_stops_stage2():
 def test_token_estimate_falls_back_to_the_run_mean_then_the_default():
     from tracerl.core.tree import Segment, Tree
 
+    def two_turns(pid, first, second):
+        tree = Tree.new(pid, "q")
+        turn = tree.add_child(0, Segment.text_only("x", "o", first, 0))
+        tree.add_child(turn, Segment.text_only("y", "", second, 0), reward=1.0)
+        return tree, turn
+
     est = TokenEstimate(100)
+    a, turn = two_turns("a", 15, 20)
     assert est.rollout(["a"]).tolist() == [100.0]
-    tree = Tree.new("a", "q")
-    turn = tree.add_child(0, Segment.text_only("x", "o", 10, 5))
-    tree.add_child(turn, Segment.text_only("y", "", 20, 0), reward=1.0)
-    est.observe([tree])
+    assert est.continuation(a, [turn]).tolist() == [100.0], "nothing seen: a fresh rollout's expected length"
+    est.observe([a])
     assert est.rollout(["a", "b"]).tolist() == [35.0, 35.0]
-    assert est.continuation(tree, [turn]).tolist() == [20.0]
+    b, _ = two_turns("b", 5, 40)
+    est.observe([b])
+    assert est.rollout(["a", "b", "c"]).tolist() == [35.0, 45.0, 40.0]
+    # after a depth-1 node rollouts took (20 + 40) / 2 = 30 more tokens; prompt a runs 35 / 40 of the mean
+    assert est.continuation(a, [turn]).tolist() == [pytest.approx(30 * 35 / 40)]
+    cont = a.add_child(turn, Segment.text_only("z", "", 500, 0), reward=0.0, origin="continuation", anchor_id=turn)
+    est.observe([a])  # learns from the fresh rollout again, never from the continuation
+    assert cont and est.rollout(["a"]).tolist() == [35.0]
+    again = TokenEstimate(1)
+    again.load_state_dict(est.state_dict())
+    assert again.continuation(a, [turn]).tolist() == est.continuation(a, [turn]).tolist()
 
 
 def test_ledger_from_config():

@@ -42,46 +42,67 @@ class RolloutRunner(Protocol):
 
 
 class TokenEstimate:
-    """Expected sampled tokens of a rollout, for budgets in tokens: a running mean of each prompt's past rollout
-    lengths, else the running mean over all prompts, else `default` before any rollout is seen. A rollout's
-    length is its tokens after the prompt (policy and observation); a continuation from a node is expected to
-    cost the prompt's expected length minus the node's prefix, at least 1 token."""
+    """Expected sampled tokens of a rollout, for budgets in tokens, learned from fresh (stage-1) rollouts only (a
+    continuation's root-to-leaf length is biased: it passed through the node stage 2 chose). A fresh rollout of a
+    prompt: the running mean of that prompt's past fresh rollout lengths, else the running mean over all prompts,
+    else `default` before any rollout is seen. A continuation from a node at depth d: the running mean, over past
+    fresh rollouts, of the tokens they still took after their depth-d node, scaled by the prompt's expected length
+    over the overall mean (remaining length is not the mean length minus the prefix: a rollout still going at depth
+    d tends to go on); before any depth-d node is seen, a fresh rollout's expected length (an overestimate rather
+    than a budget overrun). A length counts the tokens after the prompt (policy and observation)."""
 
     def __init__(self, default: float):
         self.default = float(default)
         self.per_prompt: dict[str, list[float]] = {}  # prompt id -> [sum of lengths, count]
         self.total = [0.0, 0.0]
+        self.after_depth: dict[int, list[float]] = {}  # depth d -> [sum of tokens after a depth-d node, count]
+
+    def _overall(self) -> float:
+        return self.total[0] / self.total[1] if self.total[1] else self.default
 
     def rollout(self, prompt_ids: Sequence[str]) -> np.ndarray:
         """(P,) expected tokens of one fresh rollout of each prompt."""
-        overall = self.total[0] / self.total[1] if self.total[1] else self.default
-        return np.array([s / n if (s, n) != (0.0, 0.0) else overall
+        overall = self._overall()
+        return np.array([s / n if n else overall
                          for s, n in (self.per_prompt.get(pid, (0.0, 0.0)) for pid in prompt_ids)], dtype=float)
 
     def continuation(self, tree: Tree, node_ids: Sequence[int]) -> np.ndarray:
         """(Y,) expected tokens of one continuation from each node of `tree`."""
         full = float(self.rollout([tree.prompt_id])[0])
-        done = [sum(tree.nodes[i].segment.num_tokens for i in tree.path(y)[1:]) for y in node_ids]
-        return np.maximum(full - np.asarray(done, dtype=float), 1.0)
+        scale = full / self._overall()
+        out = []
+        for y in node_ids:
+            seen = self.after_depth.get(tree.nodes[y].depth)
+            out.append(scale * seen[0] / seen[1] if seen and seen[1] else full)
+        return np.maximum(np.asarray(out, dtype=float), 1.0)
 
     def observe(self, trees: Sequence[Tree]) -> None:
-        """Learn from every rollout (root-to-leaf path) of the step's trees."""
+        """Learn from every fresh rollout (root-to-leaf path started at the root) of the step's trees."""
         for tree in trees:
             entry = self.per_prompt.setdefault(tree.prompt_id, [0.0, 0.0])
             for leaf in tree.leaves():
-                length = float(sum(tree.nodes[i].segment.num_tokens for i in tree.path(leaf)[1:]))
-                entry[0] += length
+                if tree.nodes[leaf].anchor_id != 0:
+                    continue
+                lengths = [float(tree.nodes[i].segment.num_tokens) for i in tree.path(leaf)[1:]]
+                entry[0] += sum(lengths)
                 entry[1] += 1
-                self.total[0] += length
+                self.total[0] += sum(lengths)
                 self.total[1] += 1
+                after = np.cumsum(lengths[::-1])[::-1]  # tokens from each node of the path to the leaf
+                for depth in range(1, len(lengths)):  # the nodes above the leaf, at depths 1 .. len - 1
+                    seen = self.after_depth.setdefault(depth, [0.0, 0.0])
+                    seen[0] += float(after[depth])
+                    seen[1] += 1
 
     def state_dict(self) -> dict:
-        return {"default": self.default, "per_prompt": self.per_prompt, "total": self.total}
+        return {"default": self.default, "per_prompt": self.per_prompt, "total": self.total,
+                "after_depth": {str(d): v for d, v in self.after_depth.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.default = float(state["default"])
         self.per_prompt = {k: [float(a), float(b)] for k, (a, b) in state["per_prompt"].items()}
         self.total = [float(x) for x in state["total"]]
+        self.after_depth = {int(d): [float(a), float(b)] for d, (a, b) in state.get("after_depth", {}).items()}
 
 
 @dataclass
@@ -258,8 +279,9 @@ def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence
                     continue
                 grants[sl] = policy(p_all[sl], outcome_all[sl], this_round * unit, config, rng, cost_all[sl])
                 left[g] -= int(math.ceil(grants[sl].sum() / granule))
-            elif left[g] > 0:
-                grants[sl] = policy(p_all[sl], outcome_all[sl], left[g] / rounds_left, config, rng, cost_all[sl])
+            elif left[g] > 0:  # a round gets at least the cheapest continuation, as whole granules do in units
+                budget = min(left[g], max(left[g] / rounds_left, float(cost_all[sl].min())))
+                grants[sl] = policy(p_all[sl], outcome_all[sl], budget, config, rng, cost_all[sl])
                 left[g] -= float(np.sum(grants[sl] * cost_all[sl]))
         stats["predict"] += t2 - t1
         stats["allocate"] += (t1 - t0) + (time.perf_counter() - t2)
