@@ -128,6 +128,7 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     metrics.update({
         "alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
         "alloc/num_continuations": grown.num_continuations, "alloc/units_root": 0.0, "alloc/units_prefix": 0.0,
+        "alloc/tokens_root": 0, "alloc/tokens_prefix": 0,
         "alloc/stage1_value": grown.stage1_value,
         "rollout/success_rate": ratios(counts)["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
         "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
