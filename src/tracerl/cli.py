@@ -22,7 +22,7 @@ def _bench_alloc(args: argparse.Namespace) -> int:
         overrides["warmup_steps"] = args.warmup
     if args.num_prompts is not None:
         overrides["allocation"] = replace(cfg.allocation, num_prompts=args.num_prompts)
-    cfg = replace(cfg, **overrides)
+    cfg = _with_sets(replace(cfg, **overrides), args.set)
     if cfg.warmup_steps >= cfg.num_steps:
         raise SystemExit(f"--warmup {cfg.warmup_steps} must be below --steps {cfg.num_steps}")
 
@@ -47,6 +47,7 @@ def _bench_predictors(args: argparse.Namespace) -> int:
         cfg = replace(cfg, num_steps=args.steps)
     if args.warmup is not None:
         cfg = replace(cfg, warmup_steps=args.warmup)
+    cfg = _with_sets(cfg, args.set)
     if any(n in ("minilm_head", "lm_value") for n in cfg.predictors):
         try:
             import tracerl.predictors  # noqa: F401
@@ -66,6 +67,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
         raise SystemExit(f"tracerl bench engine needs torch and transformers: pip install -e '.[torch]' ({err})")
 
     cfg = engine.EngineBenchConfig() if args.repeats is None else engine.EngineBenchConfig(repeats=args.repeats)
+    cfg = _with_sets(cfg, args.set)
     if args.vllm and getattr(importlib.util.find_spec("vllm"), "origin", None) is None:
         raise SystemExit("tracerl bench engine --vllm needs vLLM: pip install -e '.[vllm]' in its own environment")
     print("bench engine: tree workload on a tiny Qwen3, KV reuse on vs off" + (", and vLLM" if args.vllm else "")
@@ -83,8 +85,31 @@ def _bench_pack(args: argparse.Namespace) -> int:
 
     print("bench pack: one training step per rollout vs packed trees (tiny model) ...", file=sys.stderr, flush=True)
     cfg = pack.PackBenchConfig() if args.hidden_size is None else pack.PackBenchConfig(hidden_size=args.hidden_size)
+    cfg = _with_sets(cfg, args.set)
     result = pack.run(cfg)
     print(json.dumps(_finite(result)) if args.json else pack.to_markdown(result))
+    return 0
+
+
+def _with_sets(cfg, sets: list[str] | None):
+    """A bench config with `--set key=value` overrides applied, checked as `tracerl train` checks its own."""
+    if not sets:
+        return cfg
+    from tracerl.io.config import apply_overrides, from_dict, to_dict
+
+    return from_dict(type(cfg), apply_overrides(to_dict(cfg), sets), where="")
+
+
+def _config(args: argparse.Namespace) -> int:
+    """Every field of `tracerl train`'s config: key, type, default, allowed values, and its one-line doc."""
+    from tracerl.core.rules import describe_fields
+    from tracerl.train.config import TrainConfig
+
+    for row in describe_fields(TrainConfig):
+        rule = f"  ({row['rule']})" if row["rule"] else ""
+        print(f"{row['key']}  {row['type']} = {row['default']}{rule}")
+        if row["doc"]:
+            print(f"    {row['doc']}")
     return 0
 
 
@@ -260,18 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, help="prompts per step of the uniform methods (budget = this x 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", help="comma-separated seeds: report each measure's mean and std over them")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_alloc)
 
     p = bench.add_parser("engine", help="continuations with KV-cache reuse vs full re-encoding (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--repeats", type=int, help="timed runs per mode; the fastest counts (default 2)")
     p.add_argument("--vllm", action="store_true", help="also run the workload on in-process vLLM (the vllm extra)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_engine)
 
     p = bench.add_parser("pack", help="policy-loss forward+backward per rollout vs packed trees (tiny model)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--hidden-size", type=int, help="width of the tiny model (default 128); packing pays off on wider "
                                                    "models, where the MLPs outweigh the dense tree mask")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_pack)
 
     p = bench.add_parser("predictors", help="success predictors (numpy, MiniLM head, LM value head) trained online "
@@ -284,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="simulated steps to record (default 16)")
     p.add_argument("--warmup", type=int, help="steps before measures are pooled (default 4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_predictors)
 
     p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")
@@ -330,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the rows drawn and of sampling")
     p.add_argument("--out", help="write the table to OUT.md and the numbers to OUT.json")
     p.set_defaults(func=_regime)
+
+    p = sub.add_parser("config", help="every config field of tracerl train: type, default, allowed values, doc")
+    p.set_defaults(func=_config)
 
     p = sub.add_parser("methods", help="list the method presets")
     p.set_defaults(func=_methods)

@@ -60,6 +60,18 @@ def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path, capsys):
     assert saved["step"] == 3 and len(saved["pool"]) == config.allocation.pool_size
     assert sum(p["granted"] > 0 for p in saved["pool"]) == len(saved["trees"]) == rows[-1]["alloc/num_prompts"]
     assert sum(len(Tree.from_dict(t).leaves()) for t in saved["trees"]) == rows[-1]["rollout/num_rollouts"]
+    # the report's budget split is the step ledger's, as logged, and it matches what the saved trees were granted
+    from tracerl.report.run_report import read_run
+
+    split = {b["step"]: b for b in read_run(config.out_dir())["budget"]}
+    assert sorted(split) == [1, 2, 3]
+    for r in rows:
+        b = split[r["step"]]
+        assert (b["root_units"], b["prefix_units"]) == (r["alloc/units_root"], r.get("alloc/units_prefix", 0.0))
+        assert b["root_units"] + b["prefix_units"] == pytest.approx(r["rollout/units"])
+    last = [Tree.from_dict(t) for t in saved["trees"]]
+    assert split[3]["root_units"] == sum(t.root.num_granted for t in last)
+    assert split[3]["num_continuations"] == sum(n.num_granted for t in last for n in t.nodes[1:])
 
     from tracerl.cli import main
 

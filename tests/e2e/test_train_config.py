@@ -24,27 +24,41 @@ def test_every_preset_loads():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("method=ppo", "method='ppo' is unknown; use one of"),
+    ("method=ppo", "method='ppo' must be one of 'grpo', 'pcl'"),
     ("method=trace-oracle", "only the simulator knows"),
     ("data.domain=math", "the embedded policy is trained on multihop only"),
     ("policy.model=/no/such/model", "neither 'embedded', a local model directory nor a hub id"),
-    ("optim.lr=-1", "optim.lr must be > 0"),
-    ("optim.agg=sum", "optim.agg='sum'; use token-mean or seq-mean-token-mean"),
+    ("optim.lr=-1", r"optim.lr=-1.0 must be > 0"),
+    ("optim.agg=sum", "optim.agg='sum' must be one of 'token-mean', 'seq-mean-token-mean'"),
     ("allocation.rollouts_per_prompt=1", "rollouts_per_prompt=1 must be >= 2"),
     ("allocation.num_prompts=0", "num_prompts=0 must be >= 1"),
     ("predictor.name=oracle", "the oracle exists only in the simulator"),
-    ("run.num_steps=0", "run.num_steps=0"),
-    ("sampling.temperature=0", "RL needs stochastic rollouts"),
+    ("run.num_steps=0", "run.num_steps=0 must be >= 1"),
+    ("sampling.temperature=0", "sampling.temperature=0.0 must be > 0"),
     ("run.nm_steps=3", r"run: unknown key\(s\) \['nm_steps'\]"),
-    ("policy.engine=sglang", "use 'transformers', 'vllm' or 'openai'"),
-    ("policy.vllm_kv_cache_gib=0", "policy.vllm_kv_cache_gib=0.0 > 0"),
+    ("policy.engine=sglang", "policy.engine='sglang' must be one of 'transformers', 'vllm', 'openai'"),
+    ("policy.vllm_kv_cache_gib=0", "policy.vllm_kv_cache_gib=0"),
     ("policy.engine=openai", "needs policy.base_url=http://host:port"),
-    ("policy.lora_rank=-1", r"policy.lora_rank=-1 must be >= 0 \(0 = full fine-tuning\)"),
-    ("policy.lora_alpha=0", "policy.lora_alpha=0.0 > 0"),
-    ("policy.lora_dropout=1", r"policy.lora_dropout=1.0 in \[0, 1\)"),
+    ("policy.lora_rank=-1", r"policy.lora_rank=-1 must be >= 0"),
+    ("policy.lora_alpha=0", "policy.lora_alpha=0.0 must be > 0"),
+    ("policy.lora_dropout=1", r"policy.lora_dropout=1.0 must be in \[0, 1\)"),
     ("policy.lora_target_modules=[]", "must name at least one module"),
     ("policy.lora_target_modules=q_proj", r"policy.lora_target_modules: expected a list, got 'q_proj'"),
     ("policy.device=tpu", "policy.device='tpu'; use cpu, cuda, cuda:N or auto"),
+    # every numeric field has a range, checked at load, the key and the range in the message
+    ("optim.lr=Infinity", "optim.lr=inf must be a finite number > 0"),
+    ("optim.lr=NaN", "optim.lr=nan must be a finite number > 0"),
+    ("optim.clip_eps=-0.1", r"optim.clip_eps=-0.1 must be in \[0, 1\)"),
+    ("optim.clip_eps_high=-1", "optim.clip_eps_high=-1.0 must be >= 0"),
+    ("optim.betas=[0.9, 1.0]", r"optim.betas=\(0.9, 1.0\) must be in \[0, 1\)"),
+    ("optim.betas=[-0.1, 0.9]", r"optim.betas=\(-0.1, 0.9\) must be in \[0, 1\)"),
+    ("run.seed=-1", "run.seed=-1 must be >= 0"),
+    ("sampling.top_p=1.5", r"sampling.top_p=1.5 must be in \(0, 1\]"),
+    ("allocation.root_share=0", r"allocation.root_share=0.0 must be in \(0, 1\]"),
+    ("allocation.m_min=1", "allocation.m_min=1 must be >= 2"),
+    ("allocation.continuation_cost=Infinity", "allocation.continuation_cost=inf must be a finite number > 0"),
+    ("allocation.budget_unit=bytes", "allocation.budget_unit='bytes' must be one of 'units', 'tokens'"),
+    ("advantages.eps=-1", "advantages.eps=-1.0 must be >= 0"),
 ])
 def test_bad_configs_fail_at_load(override, message):
     with pytest.raises(ValueError, match=message):
@@ -117,3 +131,36 @@ def test_cuda_without_a_gpu_fails_at_load_and_a_resume_may_change_the_device(mon
     saved["policy"]["device"] = "cuda"  # as written by a run on a GPU machine
     (tmp_path / "config.json").write_text(json.dumps(saved))
     _check_run_dir(config, resume=True)  # does not raise: a GPU run may continue on a CPU
+
+
+def test_a_saved_config_parses_on_a_machine_that_cannot_run_it(monkeypatch):
+    """Schema checks are separate from machine checks: Ray, CUDA, peft and the model are checked only to run."""
+    from tracerl.io.config import from_dict
+    from tracerl.train import config as config_module
+
+    monkeypatch.setattr(config_module, "_has_ray", lambda: False)
+    saved = load_config(None, ["policy.engine=openai", "policy.base_url=http://127.0.0.1:8000", "run.executor=ray",
+                               "policy.device=cuda:3", "policy.model=/no/such/model", "data.domain=math"],
+                        machine=False)
+    again = from_dict(config_module.TrainConfig, saved.to_dict(), where="")
+    assert again == saved and again.policy.device == "cuda:3"
+    with pytest.raises(ValueError, match="needs Ray"):
+        again.check_machine()
+
+
+def test_tracerl_config_lists_every_field(capsys):
+    import dataclasses
+
+    from tracerl.cli import main
+    from tracerl.train.config import TrainConfig
+
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    for section in dataclasses.fields(TrainConfig):
+        value = getattr(TrainConfig(), section.name)
+        names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else [None]
+        for name in names:
+            key = section.name if name is None else f"{section.name}.{name}"
+            assert f"\n{key} " in "\n" + out, f"{key} is missing from `tracerl config`"
+    assert "allocation.num_prompts  int = 16  (>= 1)" in out, "a section's default is the run's, not its class's"
+    assert "AdamW learning rate" in out

@@ -135,7 +135,7 @@ def test_executor_ray_needs_a_served_engine_ray_and_a_worker(monkeypatch):
         load_config(None, ["run.executor=ray"])  # policy.engine=transformers: nothing for workers to call
     with pytest.raises(ValueError, match=r"run.num_workers=0 must be >= 1"):
         load_config(None, [*served, "run.executor=ray", "run.num_workers=0"])
-    with pytest.raises(ValueError, match="use 'local'"):
+    with pytest.raises(ValueError, match="run.executor='dask' must be one of 'local', 'ray'"):
         load_config(None, [*served, "run.executor=dask"])
     monkeypatch.setattr(config_module, "_has_ray", lambda: False)
     with pytest.raises(ValueError, match=r'pip install -e "\.\[ray\]"'):

@@ -1,4 +1,4 @@
-"""The sandbox for model-written Python (DESIGN.md section 4, "Tool execution").
+"""The sandbox for model-written Python (docs/design.md, section 4, "Environment protocol").
 
 Every hostile snippet in HOSTILE must come back as an error observation while this process carries
 on, the host untouched (checked on files, sockets and processes), and nothing the snippet started

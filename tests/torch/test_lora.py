@@ -194,10 +194,10 @@ def _comparable(row):
 
 
 def test_a_lora_run_trains_only_the_adapters_and_resumes_exactly(small_policy, tmp_path, monkeypatch):
-    from tracerl.train import trainer as trainer_module
+    from tracerl.core import step as step_module
     from tracerl.train.trainer import Trainer
 
-    monkeypatch.setattr(trainer_module, "compute_advantages", _random_advantages)
+    monkeypatch.setattr(step_module, "compute_advantages", _random_advantages)  # the step computes them
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
     trainer = Trainer(config)
     assert trainer.device == resolve_device("auto") and trainer.ref_model is None, "LoRA needs no second model for KL"

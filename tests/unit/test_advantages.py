@@ -159,7 +159,7 @@ def test_unbranched_multi_turn_rollouts_trace_equals_grpo(data):
 def test_star_tree_treepo_is_grpo_up_to_whitening_rounding(rewards):
     tree = star_tree(rewards)
     (reference,) = compute_advantages("grpo", [tree])
-    (adv,) = compute_advantages("treepo", [tree])
+    (adv,) = compute_advantages("treepo", [tree], AdvantageConfig(treepo_whiten="leaves"))
     np.testing.assert_allclose(np.concatenate(adv.values), np.concatenate(reference.values), atol=1e-9)
 
 
@@ -218,7 +218,7 @@ def test_treepo_two_level_tree_hand_worked():
     # Whitened over the batch (here one tree); the raw mean is -1/32.
     mean = (-6 / 24 + 17 / 24 - 14 / 24) / 4
     std = math.sqrt(sum((x - mean) ** 2 for x in raw) / 3)
-    (adv,) = compute_advantages("treepo", [tree], EXACT)
+    (adv,) = compute_advantages("treepo", [tree], AdvantageConfig(eps=0.0, treepo_whiten="leaves"))
     for leaf, a in zip(adv.leaf_ids, raw):
         np.testing.assert_allclose(adv.of(leaf), [(a - mean) / std] * 2, rtol=1e-12, err_msg=f"leaf {leaf}")
 
@@ -228,9 +228,45 @@ def test_treepo_whitens_over_the_whole_batch():
     raw = np.concatenate([treepo_unwhitened(t, AdvantageConfig()) for t in trees])  # star: +1/2, -1/2
     np.testing.assert_allclose(raw[4:], [0.5, -0.5])
     expected = (raw - raw.mean()) / raw.std(ddof=1)
-    results = compute_advantages("treepo", trees, EXACT)
+    results = compute_advantages("treepo", trees, AdvantageConfig(eps=0.0, treepo_whiten="leaves"))
     got = np.concatenate([[row[0] for row in adv.values] for adv in results])  # first segment of each rollout
     np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def masked_whiten(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """verl's `masked_whiten` (what TreePO's code calls on per-token advantages), in numpy, eps left out:
+    masked mean, masked variance with Bessel's correction over the mask's tokens."""
+    mean = (values * mask).sum() / mask.sum()
+    var = ((values - mean) ** 2 * mask).sum() / mask.sum() * mask.sum() / (mask.sum() - 1)
+    return (values - mean) / np.sqrt(var)
+
+
+def test_treepo_whitens_over_policy_tokens_like_treepos_code():
+    trees = [two_level_tree((0.0, 1.0, 0.0, 0.0)), chain_tree([1.0, 0.0, 0.0], [1, 3, 2], prompt_id="q2")]
+    raw = [treepo_unwhitened(t, AdvantageConfig()) for t in trees]
+    # one row per rollout, its policy tokens (mask 1) holding the rollout's raw advantage, padded with mask 0
+    per_rollout = []
+    for tree, a in zip(trees, raw):
+        for leaf, value in zip(tree.leaves(), a):
+            n = sum(tree.nodes[i].segment.num_policy_tokens for i in tree.path(leaf)[1:])
+            per_rollout.append((value, n))
+    width = max(n for _, n in per_rollout)
+    values = np.array([[v] * width for v, _ in per_rollout])
+    mask = np.array([[1.0] * n + [0.0] * (width - n) for _, n in per_rollout])
+    expected = masked_whiten(values, mask)[:, 0]
+    results = compute_advantages("treepo", trees, EXACT)
+    got = np.concatenate([[row[0] for row in adv.values] for adv in results])
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    leaves = compute_advantages("treepo", trees, AdvantageConfig(eps=0.0, treepo_whiten="leaves"))
+    assert not np.allclose(np.concatenate([[r[0] for r in a.values] for a in leaves]), got), \
+        "rollouts of different lengths: token and leaf weighting must differ"
+
+
+def test_graded_constant_reward_gives_exactly_zero_for_every_estimator():
+    tree = two_level_tree((0.7, 0.7, 0.7, 0.7))  # Vhat = 0.7 only up to rounding
+    for name in BUILT_IN:
+        for adv in compute_advantages(name, [tree], EXACT):
+            assert all(np.all(row == 0.0) for row in adv.values), f"{name} on constant 0.7 gave {adv.values}"
 
 
 def test_tree_grpo_two_level_tree_hand_worked():
@@ -247,15 +283,17 @@ def test_tree_grpo_two_level_tree_hand_worked():
 
 # ------------------------------------------------------------------------------ invariants
 @settings(max_examples=30, deadline=None)
-@given(specs=st.lists(TREE_SPEC, min_size=1, max_size=3), constants=st.lists(st.sampled_from([0.0, 1.0]), min_size=3,
-                                                                          max_size=3))
+@given(specs=st.lists(TREE_SPEC, min_size=1, max_size=3),
+       constants=st.lists(st.sampled_from([0.0, 1.0, 0.7, 0.1, 1 / 3]), min_size=3, max_size=3))
 def test_constant_rewards_give_zero_advantages_everywhere(specs, constants):
+    """Binary or graded, one constant per tree: every estimator gives exactly 0 (no rounding noise whitened up)."""
     def constant(spec, c):
         return [constant(s, c) if isinstance(s, list) else c for s in spec]
 
     trees = [build(labelled(constant(spec, c)), prompt_id=f"q{i}") for i, (spec, c) in enumerate(zip(specs, constants))]
     configs = [AdvantageConfig(), AdvantageConfig(leave_one_out=True), AdvantageConfig(std_ddof=0, eps=0.0),
-               AdvantageConfig(norm_by_std=False, scale_by_root_std=False, min_leaves=1)]
+               AdvantageConfig(norm_by_std=False, scale_by_root_std=False, min_leaves=1),
+               AdvantageConfig(eps=0.0, treepo_whiten="leaves")]
     for name in BUILT_IN:
         for config in configs:
             for adv in compute_advantages(name, trees, config):
@@ -393,7 +431,7 @@ def test_built_in_estimators_are_registered():
 @pytest.mark.parametrize("kwargs, fix", [
     ({"leave_one_out": True, "min_leaves": 1}, "raise min_leaves"),
     ({"eps": -1.0}, "must be >= 0"),
-    ({"std_ddof": 2}, "use 1"),
+    ({"std_ddof": 2}, "std_ddof=2 must be one of 0, 1"),
     ({"min_leaves": 0}, "must be >= 1"),
 ])
 def test_bad_config_raises_with_the_fix(kwargs, fix):

@@ -59,7 +59,7 @@ def random_instance(rng, n_max=5):
     p = rng.uniform(size=n)
     if rng.random() < 0.3:
         p = np.round(p, 1)  # exact ties and p in {0, 1}
-    m_min = int(rng.integers(1, 4))
+    m_min = int(rng.integers(2, 5))  # the solver shares the config's rule: m_min >= 2
     m_max = None if rng.random() < 0.3 else int(rng.integers(m_min, 7))
     cost = rng.integers(1, 4, size=n).astype(float) if rng.random() < 0.6 else np.ones(n)
     return p, int(rng.integers(0, 18)), m_min, m_max, cost
@@ -161,7 +161,7 @@ def test_lagrangian_is_exact_when_the_budget_is_a_lagrangian_cost():
     effect: e.g. a leftover of 1 unit cannot buy an m_min=2 block.)"""
     rng = np.random.default_rng(2)
     for _ in range(100):
-        n, m_min = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        n, m_min = int(rng.integers(1, 9)), int(rng.integers(2, 5))
         m_max = int(rng.integers(m_min, 9))
         p, lam = rng.uniform(size=n), float(rng.uniform(0, 0.3))
         ms = np.concatenate([[0], np.arange(m_min, m_max + 1)])
@@ -283,7 +283,7 @@ probs = st.lists(st.floats(0, 1), min_size=1, max_size=12)
 
 
 @PROPS
-@given(p=probs, budget=st.floats(0, 80), m_min=st.integers(1, 4), extra=st.one_of(st.none(), st.integers(0, 6)),
+@given(p=probs, budget=st.floats(0, 80), m_min=st.integers(2, 5), extra=st.one_of(st.none(), st.integers(0, 6)),
        value=st.sampled_from(sorted(ROOT_VALUES)), data=st.data())
 def test_stage1_never_overspends_and_respects_bounds(p, budget, m_min, extra, value, data):
     m_max = None if extra is None else m_min + extra

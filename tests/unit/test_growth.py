@@ -106,8 +106,8 @@ def test_bad_allocation_config_names_the_fix():
         AllocationConfig(m_min=3, m_max=2)
     with pytest.raises(ValueError, match="root_value"):
         AllocationConfig(root_value="nope")
-    with pytest.raises(ValueError, match="unknown allocation option"):
-        AllocationConfig().with_overrides(budget_units=3)
+    with pytest.raises(ValueError, match="budget_unit"):
+        AllocationConfig(budget_unit="tokenz")
     with pytest.raises(ValueError, match="unknown method 'gpro'"):
         get_method("gpro")
 

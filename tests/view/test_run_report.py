@@ -58,8 +58,8 @@ def test_run_without_trees_still_reports_metrics(tmp_path):
     for f in (run / "trees").iterdir():
         f.unlink()
     report = write_run_report(run).read_text()
-    assert figure_links(report) == [FIGURES["success"], FIGURES["effective_ratio"]]
-    assert report.count("run.save_trees=true") == 2
+    assert figure_links(report) == [FIGURES["success"], FIGURES["effective_ratio"], FIGURES["budget"]]
+    assert report.count("run.save_trees=true") == 1, "only calibration needs the trees; the split is logged"
 
 
 def test_cli_report(run_dir, tmp_path, capsys):

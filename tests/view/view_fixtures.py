@@ -63,6 +63,7 @@ def make_run(path, method: str = "trace", with_p: bool = True):
     for step in (1, 2):
         write_trees(path, step, step_record(step, method, with_p))
         log.write("train", step, {"rollout/success_rate": 0.3 + 0.1 * step, "alloc/effective_ratio": 1 / 3,
-                                  "rollout/units": 7.0})
+                                  "rollout/units": 7.0, "alloc/units_root": 6.0,
+                                  "alloc/units_prefix": 2 * CONTINUATION_COST, "alloc/num_continuations": 2})
     log.write("eval", 2, {"eval/success": 0.375, "eval/success_se": 0.06, "rollout/cum_units": 14})
     return path

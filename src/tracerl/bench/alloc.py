@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from tracerl.core.advantages import compute_advantages
-from tracerl.core.allocation import BudgetLedger, solve_roots
+from tracerl.core.allocation import solve_roots
 from tracerl.core.calibration import calibration_metrics
-from tracerl.core.growth import grow_trees
+from tracerl.core.growth import TokenEstimate
 from tracerl.core.methods import METHODS, AllocationConfig, get_method
-from tracerl.core.metrics import pool_counts, predictor_targets, ratios, step_counts
+from tracerl.core.metrics import pool_counts, ratios
 from tracerl.core.predictor import OraclePredictor, make_predictor
 from tracerl.core.simulator import SimConfig, Simulator
+from tracerl.core.step import PromptPool, run_step
 
 DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace", "trace-root-only", "trace-prefix-only", "trace-oracle",
                    "trace-uniform-prefix", "trace[knapsack_rl]", "trace[nonzero_adv]")
@@ -54,50 +54,38 @@ def run_method(name: str, cfg: AllocBenchConfig) -> dict[str, float]:
     method_name, alloc = _parse(name, cfg.allocation)
     method = get_method(method_name)
     sim = Simulator(cfg.sim, seed=cfg.seed)
-    order_rng = np.random.default_rng(cfg.seed + 2)
     alloc_rng = np.random.default_rng(cfg.seed + 3)
     if method.predictor == "oracle":
         predictor = OraclePredictor(lambda hs: np.array([h.meta["true_p"] for h in hs]))
     else:
         predictor = make_predictor(cfg.predictor, seed=cfg.seed, **cfg.predictor_options)
     uses_p = method.predictor != "none"
-
-    order, cursor = order_rng.permutation(cfg.sim.num_prompts), 0
+    pool = PromptPool(cfg.sim.num_prompts, alloc.pool_size, np.random.default_rng(cfg.seed + 2))
+    tokens = TokenEstimate(alloc.default_rollout_tokens) if alloc.budget_unit == "tokens" else None
     kept_counts, kept_p, kept_t, kept_w = [], [], [], []
     seconds = {"predict": 0.0, "allocate": 0.0, "update": 0.0, "step": 0.0}
-    units = tokens = 0.0
+    units = tokens_spent = 0.0
     for step in range(cfg.num_steps):
         t_step = time.perf_counter()
-        if cursor + alloc.pool_size > len(order):
-            order, cursor = order_rng.permutation(cfg.sim.num_prompts), 0
-        pool = sim.set_pool(order[cursor: cursor + alloc.pool_size])
-        cursor += alloc.pool_size
-        ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
-        grown = grow_trees(method, alloc, pool, predictor.predict if uses_p else None, sim, ledger, alloc_rng)
-        histories, targets, weights = predictor_targets(grown.trees)
-        if uses_p:  # score the predictor on the step's fresh nodes before it learns from them
-            p_fresh = predictor.predict(histories)
-            t0 = time.perf_counter()
-            predictor.update(histories, targets, weights)
-            seconds["update"] += time.perf_counter() - t0
-        advantages = compute_advantages(method.advantage, grown.trees)
-        counts = step_counts(grown.trees, advantages, ledger.units_spent, ledger.tokens_spent)
-        seconds["predict"] += grown.seconds["predict"]
-        seconds["allocate"] += grown.seconds["allocate"]
+        result = run_step(method, alloc, sim.set_pool(pool.next()), sim, alloc_rng,
+                          predictor=predictor if uses_p else None, tokens=tokens)
+        for key in ("predict", "allocate", "update"):
+            seconds[key] += result.seconds[key]
         seconds["step"] += time.perf_counter() - t_step
         if step >= cfg.warmup_steps:
-            kept_counts.append(counts)
-            units += ledger.units_spent
-            tokens += ledger.tokens_spent
-            if uses_p:
-                kept_p.append(p_fresh), kept_t.append(targets), kept_w.append(weights)
+            kept_counts.append(result.counts)
+            units += result.ledger.units_spent
+            tokens_spent += result.ledger.tokens_spent
+            if result.scored is not None:
+                for kept, values in zip((kept_p, kept_t, kept_w), result.scored):
+                    kept.append(values)
         sim.advance()
 
     row = ratios(pool_counts(kept_counts))
     num_kept = max(1, len(kept_counts))
-    row.update(units_per_step=units / num_kept, tokens_per_step=tokens / num_kept,
+    row.update(units_per_step=units / num_kept, tokens_per_step=tokens_spent / num_kept,
                prompts_per_step=sum(c["num_prompts"] for c in kept_counts) / num_kept)
-    if uses_p:
+    if kept_p:
         cal = calibration_metrics(np.concatenate(kept_p), np.concatenate(kept_t), np.concatenate(kept_w))
         row.update({f"predictor_{k}": v for k, v in cal.items()})
     else:

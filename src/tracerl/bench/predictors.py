@@ -27,14 +27,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tracerl.core.allocation import BudgetLedger
 from tracerl.core.calibration import calibration_metrics
-from tracerl.core.growth import grow_trees
 from tracerl.core.history import History
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.metrics import predictor_targets
 from tracerl.core.predictor import make_predictor
 from tracerl.core.simulator import SimConfig, Simulator
+from tracerl.core.step import PromptPool, run_step
 from tracerl.core.tree import Tree
 
 DEFAULT_PREDICTORS = ("constant", "hashed_logistic", "minilm_head", "lm_value")
@@ -59,19 +58,13 @@ def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
     """`num_steps` steps of `cfg.method` on the simulator, allocation steered by the numpy predictor."""
     method, alloc = get_method(cfg.method), cfg.allocation
     sim = Simulator(cfg.sim, seed=cfg.seed)
-    order_rng, alloc_rng = np.random.default_rng(cfg.seed + 2), np.random.default_rng(cfg.seed + 3)
+    pool, alloc_rng = PromptPool(cfg.sim.num_prompts, alloc.pool_size, np.random.default_rng(cfg.seed + 2)), \
+        np.random.default_rng(cfg.seed + 3)
     steering = make_predictor("hashed_logistic", seed=cfg.seed, l2=1e-3)
-    order, cursor, steps = order_rng.permutation(cfg.sim.num_prompts), 0, []
+    steps = []
     for _ in range(cfg.num_steps):
-        if cursor + alloc.pool_size > len(order):
-            order, cursor = order_rng.permutation(cfg.sim.num_prompts), 0
-        pool = sim.set_pool(order[cursor: cursor + alloc.pool_size])
-        cursor += alloc.pool_size
-        ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
-        grown = grow_trees(method, alloc, pool, steering.predict, sim, ledger, alloc_rng)
-        step = predictor_targets(grown.trees)
-        steering.update(*step)
-        steps.append(step)
+        result = run_step(method, alloc, sim.set_pool(pool.next()), sim, alloc_rng, predictor=steering)
+        steps.append(result.targets if result.targets is not None else predictor_targets(result.trees))
         sim.advance()
     return steps
 

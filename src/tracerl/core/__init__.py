@@ -1,1 +1,1 @@
-"""Core layer: pure Python + numpy. No torch, no tokenizer, no files, no sockets (DESIGN.md section 4)."""
+"""Core layer: pure Python + numpy. No torch, no tokenizer, no files, no sockets (docs/design.md, section 4)."""

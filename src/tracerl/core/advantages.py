@@ -8,7 +8,7 @@ l's path, c != root): the advantage the policy tokens of c's segment receive in 
 linear in the advantage).
 
 Estimators form a registry with one signature, `fn(trees, config) -> list[TreeAdvantages]` (one per
-tree, same order): `grpo`, `treepo`, `tree_grpo` and `trace` (DESIGN.md section 2).
+tree, same order): `grpo`, `treepo`, `tree_grpo` and `trace` (docs/design.md, section 2).
 `register_advantage` adds more; `compute_advantages` is the one entry point.
 
 This module does not see tokens or tensors (it only counts policy tokens for
@@ -24,28 +24,26 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.core.tree import Tree
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    eps: float = 1e-6  # added to the std before dividing, so a low-spread group cannot blow up
-    std_ddof: int = 1  # 1 = unbiased std, as verl's and TRL's GRPO use (torch.std); 0 = population std
+    eps: float = knob(1e-6, ge=0)  # added to the std before dividing, so a low-spread group cannot blow up
+    std_ddof: int = knob(1, choices=(0, 1))  # 1 = unbiased std, as verl's and TRL's GRPO use (torch.std); 0 = population std
     norm_by_std: bool = True  # grpo, tree_grpo: divide by the group's std; False gives Dr.GRPO (no std bias)
     leave_one_out: bool = False  # trace: baseline Vhat(b) without leaf l's own reward (unbiased baseline)
     scale_by_root_std: bool = True  # trace: divide by the std of the prompt's leaf rewards (star tree == grpo)
-    min_leaves: int = 2  # trace, treepo: a node serves as a baseline only with at least this many leaves
+    min_leaves: int = knob(2, ge=1)  # trace, treepo: a node serves as a baseline only with at least this many leaves
+    treepo_whiten: str = knob("tokens", choices=("tokens", "leaves"))  # treepo: whiten over the batch's policy tokens (TreePO's code) or over leaves
 
     def __post_init__(self) -> None:
-        if not self.eps >= 0:
-            raise ValueError(f"advantages.eps={self.eps} must be >= 0; the default is 1e-6")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"advantages.std_ddof={self.std_ddof}; use 1 (unbiased, like torch.std) or 0 (population)")
-        if self.min_leaves < 1:
-            raise ValueError(f"advantages.min_leaves={self.min_leaves} must be >= 1 (2 is the default)")
+        problems = check_fields(self, "advantages.")
         if self.leave_one_out and self.min_leaves < 2:
-            raise ValueError("advantages.leave_one_out=True needs min_leaves >= 2: a baseline without the leaf's "
-                             "own reward needs another leaf; raise min_leaves or turn leave_one_out off")
+            problems.append("advantages.leave_one_out=True needs min_leaves >= 2: a baseline without the leaf's "
+                            "own reward needs another leaf; raise min_leaves or turn leave_one_out off")
+        raise_problems(problems)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: equality over tuples of arrays has no single truth value
@@ -165,9 +163,12 @@ def grpo(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantages]
 
 def treepo_unwhitened(tree: Tree, config: AdvantageConfig) -> np.ndarray:
     """TreePO's per-leaf advantage before batch whitening, in leaf id order:
-    A_l = mean over proper ancestors a of l (root included) with n_a >= min_leaves of (r_l - Vhat(a)); 0 if none."""
+    A_l = mean over proper ancestors a of l (root included) with n_a >= min_leaves of (r_l - Vhat(a)); 0 if none.
+    A tree whose rewards are all equal gets exactly 0 (every Vhat is r; rounding must not leave 1e-17 behind)."""
     backup, leaf_ids = tree.backup(), tree.leaves()
     out = np.zeros(len(leaf_ids))
+    if _no_contrast(tree.rewards()):
+        return out
     for i, leaf in enumerate(leaf_ids):
         reward = tree.nodes[leaf].reward
         gaps = [reward - backup.vhat[a] for a in tree.path(leaf)[:-1] if backup.num_leaves[a] >= config.min_leaves]
@@ -175,19 +176,36 @@ def treepo_unwhitened(tree: Tree, config: AdvantageConfig) -> np.ndarray:
     return out
 
 
+def _rollout_policy_tokens(tree: Tree) -> np.ndarray:
+    """(L,) policy tokens of each rollout (leaf id order): its response tokens with mask 1."""
+    num_policy = [node.segment.num_policy_tokens for node in tree.nodes]
+    return np.array([sum(num_policy[i] for i in tree.path(leaf)[1:]) for leaf in tree.leaves()], dtype=float)
+
+
 @register_advantage("treepo")
 def treepo(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantages]:
-    """TreePO (arXiv 2508.17445): `treepo_unwhitened` per leaf, then whitened over every leaf of the batch,
-    A = (A - mean) / (std + eps), broadcast to all segments of the rollout. All-equal A gives 0.
-    Batch whitening means a constant-reward tree in a batch with others gets -mean/std, not 0."""
+    """TreePO (arXiv 2508.17445): `treepo_unwhitened` per leaf, then whitened over the batch, broadcast to all
+    segments of the rollout. As TreePO's released code does (verl's `masked_whiten` over the response mask), the
+    whitening is over the batch's policy *tokens*: with w_l the policy tokens of rollout l,
+        mean = sum_l w_l A_l / W,  var = sum_l w_l (A_l - mean)^2 / (W - std_ddof),  W = sum_l w_l,
+        A = (A - mean) / (sqrt(var) + eps),
+    so long rollouts weigh more. treepo_whiten="leaves" weighs every rollout 1 (the earlier tracerl variant; also
+    used when the trees carry no token counts). Differs from TreePO's code only in where eps goes (TreePO:
+    rsqrt(var + 1e-8)). All-equal A gives exactly 0; a constant-reward tree in a batch with others gets
+    -mean/std, not 0 (batch whitening)."""
     raw = [treepo_unwhitened(tree, config) for tree in trees]
     flat = np.concatenate(raw) if raw else np.zeros(0)
     if _no_contrast(flat):
-        whitened = [np.zeros_like(a) for a in raw]
-    else:
-        mean, denom = float(flat.mean()), _std(flat, config.std_ddof) + config.eps
-        whitened = [(a - mean) / denom for a in raw]
-    return [_broadcast(tree, a) for tree, a in zip(trees, whitened)]
+        return [_broadcast(tree, np.zeros_like(a)) for tree, a in zip(trees, raw)]
+    weights = np.concatenate([_rollout_policy_tokens(t) for t in trees]) if config.treepo_whiten == "tokens" \
+        else np.ones(flat.size)
+    total = float(weights.sum())
+    if total <= config.std_ddof:  # no token counts: every rollout weighs the same
+        weights, total = np.ones(flat.size), float(flat.size)
+    mean = float(np.sum(weights * flat) / total)
+    var = float(np.sum(weights * (flat - mean) ** 2) / (total - config.std_ddof))
+    denom = np.sqrt(var) + config.eps
+    return [_broadcast(tree, (a - mean) / denom) for tree, a in zip(trees, raw)]
 
 
 @register_advantage("tree_grpo")

@@ -1,6 +1,6 @@
 """Calibration and ranking of success predictions: Brier score, ECE, AUC, reliability bins.
 
-Used for the `predictor/brier`, `predictor/ece`, `predictor/auc` measures (DESIGN.md section 3):
+Used for the `predictor/brier`, `predictor/ece`, `predictor/auc` measures (docs/design.md, section 3):
 a step's fresh nodes are scored *before* the predictor is updated on them. A node's target is soft,
 its backed-up success rate Vhat in [0, 1] over its n leaves; `calibration_metrics` turns it into a
 positive sample of weight n * Vhat and a negative one of weight n * (1 - Vhat), which is exactly the

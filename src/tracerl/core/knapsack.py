@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -246,8 +247,9 @@ def solve_lagrangian(p: np.ndarray, budget: float, m_min: int, m_max: int | None
     m_top = np.zeros(n, dtype=np.int64)
     for blk in blocks:
         m_top[blk.rows[blk.live]] = blk.m_cap
-    _repair(counts, fit - float(np.sum(counts * cost)), blocks, owner, loc, cost, m_min, np.minimum(m_top, cap))
-    value = float(_per_block("value", blocks, owner, loc, np.arange(n), counts).sum())
+    solver = _Solver(blocks, owner, loc, counts, cost, m_min, np.minimum(m_top, cap))
+    solver.repair(fit - float(np.sum(counts * cost)))
+    value = float(solver.per_block("value", np.arange(n), counts).sum())
     return counts, value, max(upper, value)
 
 
@@ -258,96 +260,103 @@ def _check_size(entries: int, m_max: int | None) -> None:
                          f"{hint} to cap the rollouts one prompt may get")
 
 
-def _per_block(method: str, blocks, owner, loc, idx, m) -> np.ndarray:
-    """Call a _Block method for prompts `idx` (global ids), each in the block that owns it."""
-    out = np.zeros(idx.size, dtype=float if method == "value" else np.int64)
-    whose = owner[idx]
-    for bi in np.unique(whose[whose >= 0]).tolist():
-        sel = np.flatnonzero(whose == bi)
-        out[sel] = getattr(blocks[bi], method)(loc[idx[sel]], m[sel])
-    return out
+@dataclass
+class _Solver:
+    """The Lagrangian solver's state over all prompts (N of them), shared by the repair's helpers."""
 
+    blocks: list[_Block]  # the prompts' hull blocks (a prompt whose hull climbed at the cap moves to a wider one)
+    owner: np.ndarray  # (N,) block index of each prompt, -1 when it can afford no m_min block
+    loc: np.ndarray  # (N,) row of each prompt inside its block
+    counts: np.ndarray  # (N,) current grants, changed in place by the repair
+    cost: np.ndarray  # (N,) cost of one rollout of each prompt
+    m_min: int
+    m_top: np.ndarray  # (N,) most rollouts each prompt may get (its block's cap, the budget, m_max)
 
-def _repair(counts, left, blocks, owner, loc, cost, m_min, m_top) -> None:
-    """Spend `left` greedily by gain per cost (ties: lower index). A prompt's move is its best affordable
-    m -> m' up to its next hull vertex (entering at m' >= m_min): for a chain that is m -> m + 1, or the
-    entry block for a prompt not yet in. Vectorised rounds (every prompt proposes one move, the best are
-    taken while they fit) while many prompts move at once, then one move at a time from a heap."""
-    def moves(idx):
-        return _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top)
+    def per_block(self, method: str, idx: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """Call a _Block method for prompts `idx` (global ids), each in the block that owns it."""
+        out = np.zeros(idx.size, dtype=float if method == "value" else np.int64)
+        whose = self.owner[idx]
+        for bi in np.unique(whose[whose >= 0]).tolist():
+            sel = np.flatnonzero(whose == bi)
+            out[sel] = getattr(self.blocks[bi], method)(self.loc[idx[sel]], m[sel])
+        return out
 
-    while True:
-        idx = np.flatnonzero((np.where(counts == 0, m_min, counts + 1) <= m_top) & (cost <= left))
-        ratio, target = moves(idx)
-        pos = ratio > 0
-        if not pos.any():
-            return
-        idx, ratio, target = idx[pos], ratio[pos], target[pos]
-        order = np.lexsort((idx, -ratio))
-        spent = np.cumsum(((target - counts[idx]) * cost[idx])[order])
-        take = order[: int(np.searchsorted(spent, left, side="right"))]
-        counts[idx[take]] = target[take]
-        left -= float(spent[take.size - 1])
-        if take.size < BATCH_MOVES:
-            break
-    heap = [(-r, i, t) for r, i, t in zip(ratio.tolist(), idx.tolist(), target.tolist())]  # one proposal per prompt
-    heapq.heapify(heap)
-    cheapest = float(cost.min())
-    while heap and left >= cheapest:
-        _, i, m1 = heapq.heappop(heap)
-        if m1 <= counts[i]:
-            pass  # taken in the last round: propose its next move
-        elif (m1 - counts[i]) * cost[i] <= left:
-            left -= (m1 - counts[i]) * cost[i]
-            counts[i] = m1
-            left -= _run(heap, i, blocks, owner, loc, counts, left, cost, m_top)
-        elif (m_min if counts[i] == 0 else 1) * cost[i] > left:
-            continue  # nothing this prompt could do fits any more: what is left only shrinks
-        ratio, target = moves(np.array([i]))
-        if ratio[0] > 0:
-            heapq.heappush(heap, (-float(ratio[0]), i, int(target[0])))
+    def repair(self, left: float) -> None:
+        """Spend `left` greedily by gain per cost (ties: lower index). A prompt's move is its best affordable
+        m -> m' up to its next hull vertex (entering at m' >= m_min): for a chain that is m -> m + 1, or the
+        entry block for a prompt not yet in. Vectorised rounds (every prompt proposes one move, the best are
+        taken while they fit) while many prompts move at once, then one move at a time from a heap."""
+        counts, cost, m_min = self.counts, self.cost, self.m_min
+        while True:
+            idx = np.flatnonzero((np.where(counts == 0, m_min, counts + 1) <= self.m_top) & (cost <= left))
+            ratio, target = self.best_moves(idx, left)
+            pos = ratio > 0
+            if not pos.any():
+                return
+            idx, ratio, target = idx[pos], ratio[pos], target[pos]
+            order = np.lexsort((idx, -ratio))
+            spent = np.cumsum(((target - counts[idx]) * cost[idx])[order])
+            take = order[: int(np.searchsorted(spent, left, side="right"))]
+            counts[idx[take]] = target[take]
+            left -= float(spent[take.size - 1])
+            if take.size < BATCH_MOVES:
+                break
+        heap = [(-r, i, t) for r, i, t in zip(ratio.tolist(), idx.tolist(), target.tolist())]  # one proposal per prompt
+        heapq.heapify(heap)
+        cheapest = float(cost.min())
+        while heap and left >= cheapest:
+            _, i, m1 = heapq.heappop(heap)
+            if m1 <= counts[i]:
+                pass  # taken in the last round: propose its next move
+            elif (m1 - counts[i]) * cost[i] <= left:
+                left -= (m1 - counts[i]) * cost[i]
+                counts[i] = m1
+                left -= self.run(heap, i, left)
+            elif (m_min if counts[i] == 0 else 1) * cost[i] > left:
+                continue  # nothing this prompt could do fits any more: what is left only shrinks
+            ratio, target = self.best_moves(np.array([i]), left)
+            if ratio[0] > 0:
+                heapq.heappush(heap, (-float(ratio[0]), i, int(target[0])))
 
+    def run(self, heap, i: int, left: float) -> float:
+        """Let prompt i keep taking single steps m -> m + 1 while each beats the best other proposal and
+        fits (what the one-at-a-time greedy would do, without a heap round trip per step). Returns the cost."""
+        m, c = int(self.counts[i]), float(self.cost[i])
+        width = min(int(self.m_top[i]) - m, int(left // c), 4096)
+        one = np.array([i])
+        if width <= 0 or self.per_block("next_vertex", one, self.counts[one])[0] != m + 1:
+            return 0.0
+        vals = self.per_block("value", np.full(width + 1, i), np.arange(m, m + width + 1))
+        ratio = np.diff(vals) / c
+        beats = ratio > 0
+        if heap:
+            top_ratio, top_i, _ = heap[0]
+            beats &= (ratio > -top_ratio) | ((ratio == -top_ratio) & (i < top_i))
+        steps = int(np.argmin(beats)) if not beats.all() else width
+        self.counts[i] = m + steps
+        return steps * c
 
-def _run(heap, i, blocks, owner, loc, counts, left, cost, m_top) -> float:
-    """Let prompt i keep taking single steps m -> m + 1 while each beats the best other proposal and
-    fits (what the one-at-a-time greedy would do, without a heap round trip per step). Returns the cost."""
-    m, c = int(counts[i]), float(cost[i])
-    width = min(int(m_top[i]) - m, int(left // c), 4096)
-    one = np.array([i])
-    if width <= 0 or _per_block("next_vertex", blocks, owner, loc, one, counts[one])[0] != m + 1:
-        return 0.0
-    vals = _per_block("value", blocks, owner, loc, np.full(width + 1, i), np.arange(m, m + width + 1))
-    ratio = np.diff(vals) / c
-    beats = ratio > 0
-    if heap:
-        top_ratio, top_i, _ = heap[0]
-        beats &= (ratio > -top_ratio) | ((ratio == -top_ratio) & (i < top_i))
-    steps = int(np.argmin(beats)) if not beats.all() else width
-    counts[i] = m + steps
-    return steps * c
-
-
-def _best_moves(blocks, owner, loc, idx, counts, left, cost, m_min, m_top) -> tuple[np.ndarray, np.ndarray]:
-    """Best affordable move of each prompt in idx: (gain per cost, target count); -inf when none."""
-    m0, c = counts[idx], cost[idx]
-    lo = np.where(m0 == 0, m_min, m0 + 1)
-    reach = np.minimum(np.minimum(m_top[idx], m0 + np.floor(left / c + 1e-9).astype(np.int64)),
-                       _per_block("next_vertex", blocks, owner, loc, idx, m0))
-    reach = np.where((reach - m0) * c <= left, reach, reach - 1)  # the floor above may round up by one
-    best, target = np.full(idx.size, -np.inf), m0.copy()
-    ok = np.flatnonzero(reach >= lo)
-    ok = ok[np.argsort(reach[ok] - lo[ok], kind="stable")]  # narrow scans first, in chunks of similar width
-    widths = reach[ok] - lo[ok] + 1
-    while ok.size:  # at most 2^22 candidate targets per chunk
-        k = max(1, int(np.searchsorted((np.arange(ok.size) + 1) * widths, 1 << 22, side="right")))
-        now, width, ok, widths = ok[:k], int(widths[k - 1]), ok[k:], widths[k:]
-        m1 = np.minimum(lo[now, None] + np.arange(width), reach[now, None])  # (k, width) candidate targets
-        gain = _per_block("value", blocks, owner, loc, np.repeat(idx[now], width), m1.ravel()).reshape(m1.shape) \
-            - _per_block("value", blocks, owner, loc, idx[now], m0[now])[:, None]
-        ratio = gain / ((m1 - m0[now, None]) * c[now, None])
-        j = np.argmax(ratio, axis=1)  # first max: the smallest target wins ties
-        best[now], target[now] = ratio[np.arange(now.size), j], m1[np.arange(now.size), j]
-    return best, target
+    def best_moves(self, idx: np.ndarray, left: float) -> tuple[np.ndarray, np.ndarray]:
+        """Best affordable move of each prompt in idx: (gain per cost, target count); -inf when none."""
+        m0, c = self.counts[idx], self.cost[idx]
+        lo = np.where(m0 == 0, self.m_min, m0 + 1)
+        reach = np.minimum(np.minimum(self.m_top[idx], m0 + np.floor(left / c + 1e-9).astype(np.int64)),
+                           self.per_block("next_vertex", idx, m0))
+        reach = np.where((reach - m0) * c <= left, reach, reach - 1)  # the floor above may round up by one
+        best, target = np.full(idx.size, -np.inf), m0.copy()
+        ok = np.flatnonzero(reach >= lo)
+        ok = ok[np.argsort(reach[ok] - lo[ok], kind="stable")]  # narrow scans first, in chunks of similar width
+        widths = reach[ok] - lo[ok] + 1
+        while ok.size:  # at most 2^22 candidate targets per chunk
+            k = max(1, int(np.searchsorted((np.arange(ok.size) + 1) * widths, 1 << 22, side="right")))
+            now, width, ok, widths = ok[:k], int(widths[k - 1]), ok[k:], widths[k:]
+            m1 = np.minimum(lo[now, None] + np.arange(width), reach[now, None])  # (k, width) candidate targets
+            gain = self.per_block("value", np.repeat(idx[now], width), m1.ravel()).reshape(m1.shape) \
+                - self.per_block("value", idx[now], m0[now])[:, None]
+            ratio = gain / ((m1 - m0[now, None]) * c[now, None])
+            j = np.argmax(ratio, axis=1)  # first max: the smallest target wins ties
+            best[now], target[now] = ratio[np.arange(now.size), j], m1[np.arange(now.size), j]
+        return best, target
 
 
 def _threshold(segments: list[tuple[np.ndarray, np.ndarray | float]], budget: float) -> float:

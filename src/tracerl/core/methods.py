@@ -11,59 +11,43 @@ This module decides *how much* to sample where. It does not sample, score or tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from tracerl.core.allocation import ROOT_VALUES, allocate_prefixes, allocate_roots
+from tracerl.core.allocation import BUDGET_UNITS, CONTINUATION_COST, ROOT_VALUES, allocate_prefixes, allocate_roots
+from tracerl.core.rules import check_fields, knob, raise_problems
 
 
 @dataclass(frozen=True)
 class AllocationConfig:
     """The sampling budget of one step and how it may be spent. Every method sees the same values."""
 
-    num_prompts: int = 64  # prompts per step for uniform methods; budget = num_prompts * rollouts_per_prompt
-    rollouts_per_prompt: int = 8  # n of GRPO-style methods; sets the budget every method gets
-    pool_factor: int = 4  # candidate pool = pool_factor * num_prompts (PCL and the knapsack select from it)
-    m_min: int = 2  # fewest rollouts a selected prompt gets (one rollout can never be mixed)
-    m_max: int | None = 16  # most rollouts one prompt may get in stage 1; None = only the budget limits it
-    root_value: str = "v_root"  # stage-1 objective: v_root (paper), knapsack_rl or nonzero_adv
-    root_share: float = 0.75  # share of the budget spent on fresh rollouts by methods with a stage 2
-    continuation_cost: float = 0.5  # budget units of one continuation (a fresh rollout costs 1)
-    expand_rounds: int = 2  # stage-2 rounds; each round can branch from nodes the previous one created
-    k_max: int | None = 4  # most continuations one prefix gets per round
-    branch_width: int = 2  # TreePO: continuations per randomly chosen prefix
-    stage2_mode: str = "per_prompt"  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
+    num_prompts: int = knob(64, ge=1)  # prompts per step for uniform methods; budget = num_prompts * rollouts_per_prompt
+    rollouts_per_prompt: int = knob(8, ge=2)  # n of GRPO-style methods (one rollout is never mixed); sets the budget
+    pool_factor: int = knob(4, ge=1)  # candidate pool = pool_factor * num_prompts (PCL and the knapsack select from it)
+    m_min: int = knob(2, ge=2)  # fewest rollouts a selected prompt gets (one rollout can never be mixed)
+    m_max: int | None = knob(16, ge=2)  # most rollouts one prompt may get in stage 1; None = only the budget limits it
+    root_value: str = knob("v_root", choices=ROOT_VALUES)  # stage-1 objective: v_root (paper), knapsack_rl or nonzero_adv
+    root_share: float = knob(0.75, gt=0, le=1)  # share of the budget spent on fresh rollouts by methods with a stage 2
+    continuation_cost: float = knob(CONTINUATION_COST, gt=0)  # budget units of one continuation (a fresh rollout costs 1)
+    expand_rounds: int = knob(2, ge=0)  # stage-2 rounds; each round can branch from nodes the previous one created
+    k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round; None = no limit
+    branch_width: int = knob(2, ge=1)  # TreePO: continuations per randomly chosen prefix
+    stage2_mode: str = knob("per_prompt", choices=("per_prompt", "global"))  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
+    budget_unit: str = knob("units", choices=BUDGET_UNITS)  # units: a rollout costs its trajectory units; tokens: its expected sampled tokens
+    token_budget: int | None = knob(None, ge=1)  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
+    default_rollout_tokens: int = knob(256, ge=1)  # expected tokens of a rollout before any has been seen (budget_unit=tokens)
+    token_cap: int | None = knob(None, ge=1)  # hard cap on a step's sampled tokens: no stage-2 round starts past it; None = none
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.num_prompts < 1:
-            problems.append(f"num_prompts={self.num_prompts} must be >= 1")
-        if self.rollouts_per_prompt < 2:
-            problems.append(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= 2 (one rollout is never mixed)")
-        if self.pool_factor < 1:
-            problems.append(f"pool_factor={self.pool_factor} must be >= 1")
-        if self.m_min < 2:
-            problems.append(f"m_min={self.m_min} must be >= 2 (one rollout is never mixed)")
+        problems = check_fields(self, "allocation.")
         if self.m_max is not None and self.m_max < self.m_min:
             problems.append(f"m_max={self.m_max} < m_min={self.m_min}; raise m_max or lower m_min")
-        if self.root_value not in ROOT_VALUES:
-            problems.append(f"root_value={self.root_value!r} is unknown; use one of {sorted(ROOT_VALUES)}")
-        if not 0.0 < self.root_share <= 1.0:
-            problems.append(f"root_share={self.root_share} must be in (0, 1]")
-        if not self.continuation_cost > 0:
-            problems.append(f"continuation_cost={self.continuation_cost} must be > 0")
-        if self.expand_rounds < 0 or self.branch_width < 1:
-            problems.append("expand_rounds must be >= 0 and branch_width >= 1")
-        if self.k_max is not None and self.k_max < 1:
-            problems.append(f"k_max={self.k_max} must be >= 1 or None")
-        if self.stage2_mode not in ("per_prompt", "global"):
-            problems.append(f"stage2_mode={self.stage2_mode!r}; use 'per_prompt' or 'global'")
-        if self.budget < self.m_min:
+        if not problems and self.budget < self.m_min:
             problems.append(f"budget {self.budget} is below m_min={self.m_min}; raise num_prompts or rollouts_per_prompt")
-        if problems:
-            raise ValueError("invalid allocation config: " + "; ".join(problems))
+        raise_problems(problems, "invalid allocation config")
 
     @property
     def budget(self) -> float:
@@ -74,16 +58,17 @@ class AllocationConfig:
     def pool_size(self) -> int:
         return self.num_prompts * self.pool_factor
 
-    def with_overrides(self, **overrides) -> "AllocationConfig":
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown allocation option(s) {unknown}; known: {sorted(known)}")
-        return replace(self, **overrides)
+    @property
+    def step_budget(self) -> float:
+        """The budget a step's ledger holds, in `budget_unit`: `budget` units, or tokens."""
+        if self.budget_unit == "units":
+            return self.budget
+        return float(self.token_budget or self.budget * self.default_rollout_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- stage 1
-RootPolicy = Callable[[np.ndarray, float, AllocationConfig, np.random.Generator], np.ndarray]
+# fn(p_pool, budget, config, rng, cost) -> counts; cost: (P,) budget cost of one fresh rollout per prompt, None = 1
+RootPolicy = Callable[..., np.ndarray]
 ROOT_POLICIES: dict[str, RootPolicy] = {}
 
 
@@ -94,35 +79,49 @@ def register_root_policy(name: str):
     return wrap
 
 
+def _take_in_order(order: np.ndarray, each: np.ndarray, budget: float) -> np.ndarray:
+    """The prompts of `order`, in that order, while their costs `each` still fit in `budget`."""
+    fits = np.cumsum(each[order]) <= budget + 1e-9
+    return order[: int(np.argmin(fits)) if not fits.all() else len(order)]
+
+
 @register_root_policy("uniform")
-def uniform_roots(p_pool, budget, config, rng):
-    """GRPO's batch: floor(budget / n) prompts drawn at random from the pool, n rollouts each."""
+def uniform_roots(p_pool, budget, config, rng, cost=None):
+    """GRPO's batch: floor(budget / n) prompts drawn at random from the pool, n rollouts each (with per-prompt
+    costs: prompts in a random order while n of their rollouts fit)."""
     n = config.rollouts_per_prompt
-    num = min(len(p_pool), int(budget // n))
     counts = np.zeros(len(p_pool), dtype=np.int64)
-    counts[rng.choice(len(p_pool), size=num, replace=False)] = n
+    if cost is None:
+        num = min(len(p_pool), int(budget // n))
+        counts[rng.choice(len(p_pool), size=num, replace=False)] = n
+    else:
+        counts[_take_in_order(rng.permutation(len(p_pool)), n * np.asarray(cost, float), budget)] = n
     return counts
 
 
 @register_root_policy("pcl")
-def pcl_roots(p_pool, budget, config, rng):
-    """PCL (arXiv 2510.01135): the floor(budget / n) pool prompts with predicted p closest to 0.5, n each."""
+def pcl_roots(p_pool, budget, config, rng, cost=None):
+    """PCL (arXiv 2510.01135): the floor(budget / n) pool prompts with predicted p closest to 0.5, n each (with
+    per-prompt costs: closest first while n of their rollouts fit)."""
     n = config.rollouts_per_prompt
-    num = min(len(p_pool), int(budget // n))
     order = np.argsort(np.abs(np.asarray(p_pool) - 0.5), kind="stable")
     counts = np.zeros(len(p_pool), dtype=np.int64)
-    counts[order[:num]] = n
+    if cost is None:
+        counts[order[:min(len(p_pool), int(budget // n))]] = n
+    else:
+        counts[_take_in_order(order, n * np.asarray(cost, float), budget)] = n
     return counts
 
 
 @register_root_policy("knapsack")
-def knapsack_roots(p_pool, budget, config, rng):
-    """TRACE stage 1: maximise sum_i V(p_i, m_i) s.t. sum_i m_i <= budget (see allocation.solve_roots)."""
-    return allocate_roots(p_pool, budget, m_min=config.m_min, m_max=config.m_max, value=config.root_value)
+def knapsack_roots(p_pool, budget, config, rng, cost=None):
+    """TRACE stage 1: maximise sum_i V(p_i, m_i) s.t. sum_i m_i cost_i <= budget (see allocation.solve_roots)."""
+    return allocate_roots(p_pool, budget, m_min=config.m_min, m_max=config.m_max, value=config.root_value, cost=cost)
 
 
 # ---------------------------------------------------------------------------------------------- stage 2
-PrefixPolicy = Callable[[np.ndarray, np.ndarray, float, AllocationConfig, np.random.Generator], np.ndarray]
+# fn(p, outcome, budget, config, rng, cost) -> K; cost: (Y,) budget cost of one continuation per candidate
+PrefixPolicy = Callable[[np.ndarray, np.ndarray, float, AllocationConfig, np.random.Generator, np.ndarray], np.ndarray]
 PREFIX_POLICIES: dict[str, PrefixPolicy] = {}
 
 
@@ -137,31 +136,47 @@ def register_prefix_policy(name: str, *, needs_p: bool = True, granule: Callable
 
 
 @register_prefix_policy("predictor")
-def predictor_prefixes(p, outcome, budget, config, rng):
+def predictor_prefixes(p, outcome, budget, config, rng, cost):
     """TRACE stage 2: maximise sum_y 1 - q_y^K_y with q = r p + (1 - r)(1 - p) (greedy, optimal at equal costs)."""
-    return allocate_prefixes(p, outcome, budget, cost=np.full(len(p), config.continuation_cost), k_max=config.k_max)
+    return allocate_prefixes(p, outcome, budget, cost=cost, k_max=config.k_max)
 
 
 @register_prefix_policy("uniform", needs_p=False)
-def uniform_prefixes(p, outcome, budget, config, rng):
+def uniform_prefixes(p, outcome, budget, config, rng, cost):
     """Ablation: the same candidates and budget as TRACE, spread evenly (lower index first), p ignored."""
     num = len(p)
-    total = int(budget // config.continuation_cost + 1e-9)
-    if config.k_max is not None:
-        total = min(total, num * config.k_max)
-    counts = np.full(num, total // num if num else 0, dtype=np.int64)
-    counts[: total - int(counts.sum())] += 1
+    cost = np.asarray(cost, dtype=float)
+    if num and np.all(cost == cost[0]):
+        total = int(budget // cost[0] + 1e-9)
+        if config.k_max is not None:
+            total = min(total, num * config.k_max)
+        counts = np.full(num, total // num, dtype=np.int64)
+        counts[: total - int(counts.sum())] += 1
+        return counts
+    counts, spent = np.zeros(num, dtype=np.int64), 0.0  # unequal costs: round robin while a grant still fits
+    cap = config.k_max if config.k_max is not None else np.iinfo(np.int64).max
+    grew = True
+    while grew:
+        grew = False
+        for y in range(num):
+            if counts[y] < cap and spent + cost[y] <= budget + 1e-9:
+                counts[y] += 1
+                spent += cost[y]
+                grew = True
     return counts
 
 
 @register_prefix_policy("random", needs_p=False, granule=lambda c: c.branch_width)
-def random_prefixes(p, outcome, budget, config, rng):
+def random_prefixes(p, outcome, budget, config, rng, cost):
     """TreePO-style heuristic: branch at randomly chosen visited prefixes, branch_width continuations each."""
     num = len(p)
-    per_branch = config.branch_width * config.continuation_cost
-    num_branches = min(num, int(budget // per_branch + 1e-9))
+    cost = np.asarray(cost, dtype=float)
     counts = np.zeros(num, dtype=np.int64)
-    counts[rng.choice(num, size=num_branches, replace=False)] = config.branch_width
+    if num and np.all(cost == cost[0]):
+        num_branches = min(num, int(budget // (config.branch_width * cost[0]) + 1e-9))
+        counts[rng.choice(num, size=num_branches, replace=False)] = config.branch_width
+    elif num:
+        counts[_take_in_order(rng.permutation(num), config.branch_width * cost, budget)] = config.branch_width
     return counts
 
 
@@ -176,8 +191,10 @@ class MethodPreset:
     prefix_candidates: str = "unmixed"  # "unmixed": nodes whose leaves agree; "all": every visited prefix
     description: str = ""
 
-    def root_budget(self, config: AllocationConfig) -> float:
-        return config.budget if self.prefix_policy is None else config.budget * config.root_share
+    def root_budget(self, config: AllocationConfig, total: float | None = None) -> float:
+        """Stage 1's share of `total` (the step's budget in its unit; config.budget by default)."""
+        total = config.budget if total is None else total
+        return total if self.prefix_policy is None else total * config.root_share
 
 
 METHODS: dict[str, MethodPreset] = {m.name: m for m in [

@@ -1,6 +1,6 @@
 """Success predictors V(h) -> p: the probability that a rollout continued from prefix h succeeds.
 
-The predictor only steers budget (DESIGN.md section 2); it never touches the policy gradient. Each
+The predictor only steers budget (docs/design.md, section 2); it never touches the policy gradient. Each
 step it is scored on the step's fresh nodes (see `calibration`), then updated on
 `(h_y, Vhat(y), weight n_y)`: the node's backed-up success rate, weighted by its number of leaves,
 with weighted binary cross-entropy. All predictors share one interface (`Predictor`) and a registry

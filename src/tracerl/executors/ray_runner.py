@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 from tracerl.core.history import History
 from tracerl.core.tree import Node, Segment, Tree
+from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits, ReActDriver, prompt_id
 from tracerl.io.engine import SamplingParams
 
@@ -85,8 +86,6 @@ class WorkerSpec:
 
 def _make_domain(domain: str | Callable[[], Any]) -> Any:
     if isinstance(domain, str):
-        from tracerl.train.policy import make_domain
-
         return make_domain(domain)
     return domain()
 

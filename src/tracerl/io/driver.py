@@ -147,7 +147,7 @@ class ReActDriver:
             outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups])
             for ((env, prefix), tree, node_id, k), completions in zip(groups, outs):
                 for j, completion in enumerate(completions):
-                    own_env = env if j == k - 1 else self._copy_env(tree, node_id, env)
+                    own_env = env if j == k - 1 else self._copy_env(tree, node_id)
                     pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id), completion))
         while pending:
             active = []
@@ -161,7 +161,7 @@ class ReActDriver:
             pending = [(r, c[0]) for r, c in zip(active, outs)]
         return num_sampled
 
-    def _copy_env(self, tree: Tree, node_id: int, env: Any) -> Any:
+    def _copy_env(self, tree: Tree, node_id: int) -> Any:
         fresh = self.domain.make_env()
         fresh.reset(self.rows[tree.meta["pool_index"]])
         fresh.restore(self._snapshots[(id(tree), node_id)])

@@ -52,7 +52,7 @@ from tracerl.io.chat import ChatRenderer
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
 from tracerl.io.driver import DriverLimits
 from tracerl.io.tokenizer import train_tokenizer
-from tracerl.train.evaluation import evaluate_rows
+from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
 

@@ -8,8 +8,10 @@ saved trees (`trees/step-*.json.gz`, `run.save_trees=true`):
   prefixes scored as stage-2 candidates) against its natural backed-up success (`Tree.natural_backup().vhat`, weight
   = its leaf count), i.e. what the predictor said against what then happened, with Brier, ECE and AUC from
   `tracerl.core.calibration`. Methods without a predictor (grpo, treepo) have no p; the report says so;
-- the budget split per step (`budget.png`): roots = the sum of stage-1 grants (1 unit each), prefixes = the sum of
-  stage-2 grants x `allocation.continuation_cost` from `config.json`, next to the logged `rollout/units`.
+
+From `metrics.jsonl` again, the budget split per step (`budget.png`): the step ledger's own spend by kind
+(`alloc/units_root`, `alloc/units_prefix`, `alloc/num_continuations`, logged by `tracerl.core.step`), next to the
+logged `rollout/units`; nothing is re-derived from the trees.
 
 `write_run_report(run_dir)` is meant to be called at the end of `tracerl train` and per run by `tracerl compare`.
 Deliberately not here: comparisons across runs (`tracerl.report.compare`), the trees themselves
@@ -33,7 +35,6 @@ from tracerl.report.view import tree_steps
 REPORT_FILE = "report.md"
 FIGURES = {"success": "success.png", "effective_ratio": "effective_ratio.png", "calibration": "calibration.png",
            "budget": "budget.png"}
-DEFAULT_CONTINUATION_COST = 0.5  # AllocationConfig's default, used only when a run has no config.json
 
 
 def _value(row: dict[str, Any], key: str) -> float:
@@ -48,33 +49,28 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     rows = read_metrics(run_dir)
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    cost = float(config.get("allocation", {}).get("continuation_cost", DEFAULT_CONTINUATION_COST))
     try:
         steps = tree_steps(run_dir)
     except ValueError:
         steps = []
-    budget, preds, method, domain = [], [], config.get("method"), config.get("data", {}).get("domain")
+    preds, method, domain = [], config.get("method"), config.get("data", {}).get("domain")
     for step in steps:
         record = read_trees(run_dir, step)
         method, domain = method or record.get("method"), domain or record.get("domain")
-        roots = prefixes = 0
         for raw in record.get("trees", []):
             tree = Tree.from_dict(raw)
-            roots += tree.root.num_granted
-            prefixes += sum(n.num_granted for n in tree.nodes[1:])
             natural = tree.natural_backup()
             for node in tree.nodes:
                 n = int(natural.num_leaves[node.node_id])
                 if node.p_pred is not None and n > 0:
                     preds.append((step, node.node_id == 0, float(node.p_pred), float(natural.vhat[node.node_id]), n))
-        budget.append({"step": step, "root_units": float(roots), "num_continuations": int(prefixes),
-                       "prefix_units": prefixes * cost})
-    logged = {r["step"]: r.get("rollout/units") for r in rows if r["kind"] == "train"}
-    for b in budget:
-        b["logged_units"] = logged.get(b["step"])
+    budget = [{"step": r["step"], "root_units": float(r["alloc/units_root"]),
+               "num_continuations": int(r.get("alloc/num_continuations", 0)),
+               "prefix_units": float(r.get("alloc/units_prefix", 0.0)), "logged_units": r.get("rollout/units")}
+              for r in rows if r["kind"] == "train" and "alloc/units_root" in r]
     return {"dir": run_dir, "train": [r for r in rows if r["kind"] == "train"],
             "eval": [r for r in rows if r["kind"] == "eval"], "config": config, "has_config": bool(config),
-            "continuation_cost": cost, "tree_steps": steps, "budget": budget,
+            "tree_steps": steps, "budget": budget,
             "predictions": np.array(preds, dtype=float).reshape(-1, 5), "method": method or "unknown",
             "domain": domain or "unknown"}
 
@@ -142,7 +138,7 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
         roots, prefixes = np.array([x["root_units"] for x in b]), np.array([x["prefix_units"] for x in b])
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.bar(steps, roots, label="roots (stage 1)")
-        ax.bar(steps, prefixes, bottom=roots, label=f"prefixes (stage 2, x{run['continuation_cost']:g})")
+        ax.bar(steps, prefixes, bottom=roots, label="prefixes (stage 2)")
         _finish(ax, "step", "budget units", "budget split per step", None)
         paths["budget"] = _save(plt, fig, out / FIGURES["budget"])
     return paths
@@ -211,11 +207,10 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
         lines += ["", f"![reliability diagram of the predictor]({FIGURES['calibration']})", ""]
     lines += ["## Budget split", ""]
     if not run["budget"]:
-        lines += ["No saved trees (train with run.save_trees=true): the budget split needs them.", ""]
+        lines += ["No step logged the ledger's split (`alloc/units_root`, written since the shared step function).", ""]
     else:
-        cost_note = "" if run["has_config"] else " (no config.json: the default cost)"
-        lines += [f"Roots: stage-1 rollouts at 1 unit; prefixes: stage-2 continuations at "
-                  f"{run['continuation_cost']:g} units{cost_note}.", "",
+        lines += ["The step ledger's spend by kind, as logged: roots are stage-1 rollouts (1 unit each), prefixes "
+                  "stage-2 continuations (`allocation.continuation_cost` each).", "",
                   "| step | root units | continuations | prefix units | total | prefix share | logged rollout/units |",
                   "|---|---|---|---|---|---|---|"]
         for b in run["budget"]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tracerl.io.chat import ChatRenderer
+from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits
 from tracerl.train.config import TrainConfig, check_device
 
@@ -40,23 +41,6 @@ class TrainPolicy:
     source: str  # where the weights came from (the cache folder or the model directory)
     device: torch.device = torch.device("cpu")  # where the model is
     peft: Any = None  # the peft wrapper of `model` when it has LoRA adapters (policy.lora_rank > 0), else None
-
-
-def make_domain(name: str) -> Any:
-    """A domain with its default options: multihop, math, funcall or bfcl."""
-    if name == "multihop":
-        from tracerl.io.domains.multihop import MultiHopDomain
-        return MultiHopDomain()
-    if name == "math":
-        from tracerl.io.domains.math import MathDomain
-        return MathDomain()
-    if name == "funcall":
-        from tracerl.io.domains.funcall import FuncallDomain
-        return FuncallDomain()
-    if name == "bfcl":
-        from tracerl.io.domains.bfcl import BfclDomain
-        return BfclDomain()
-    raise ValueError(f"unknown domain {name!r}; use multihop, math, funcall or bfcl")
 
 
 def _user_task(config: TrainConfig) -> Any:

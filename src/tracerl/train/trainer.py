@@ -1,12 +1,12 @@
 """The training loop: one TRACE step, top to bottom, for every method preset; checkpoints; held-out evaluation.
 
-`Trainer.train_step` is the whole algorithm of DESIGN.md section 2 on a real policy:
+`Trainer.train_step` is the whole algorithm of docs/design.md (section 2) on a real policy:
 
     candidate pool -> predictor -> stage 1 -> bare rollouts -> stage 2 -> rewards -> natural backup targets
     -> predictor scored on the step's fresh nodes, then updated -> advantages -> policy update
 
-Allocation, advantages and measures are the pure functions of `tracerl.core` (the same ones `tracerl bench
-alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
+Pool, predictor, allocation, predictor update, advantages and measures are one call, `tracerl.core.step.run_step`
+(the same step `tracerl bench alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
 this process or (run.executor="ray") on `RayRolloutRunner` workers that stay up for the whole run; the update is
 the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees. The model, the
 reference model, the in-process engine and each micro-batch live on `policy.device`; with LoRA (`policy.lora_rank`)
@@ -33,13 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tracerl.core.advantages import TreeAdvantages, compute_advantages
-from tracerl.core.allocation import BudgetLedger
-from tracerl.core.calibration import calibration_metrics
-from tracerl.core.growth import grow_trees
+from tracerl.core.advantages import TreeAdvantages
+from tracerl.core.growth import TokenEstimate
 from tracerl.core.methods import get_method
-from tracerl.core.metrics import INFORMATIVE_MEASURES, predictor_targets, ratios, raw_advantages, step_counts
 from tracerl.core.predictor import PREDICTORS, make_predictor
+from tracerl.core.step import PromptPool, run_step
 from tracerl.core.tree import Tree
 from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
@@ -49,7 +47,7 @@ from tracerl.io.runlog import RunLog, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import TrainConfig
-from tracerl.train.evaluation import evaluate_rows
+from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
 from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
 
@@ -70,6 +68,7 @@ class Trainer:
     """Holds the policy, engine, predictor, optimiser and run state of one run directory."""
 
     def __init__(self, config: TrainConfig, *, say: Say | None = None):
+        config.check_machine()  # Ray, the CUDA device, peft, the model: what a config built in code skipped
         self.config = config
         self.say = say or (lambda message: None)
         self.method = get_method(config.method)
@@ -93,10 +92,11 @@ class Trainer:
         seed = config.run.seed
         self.train_rows = self.policy.domain.rows("train", config.data.num_train_prompts, seed=seed)
         self.eval_rows = self.policy.domain.rows("test", config.run.eval_prompts, seed=seed)
-        self.order_rng = np.random.default_rng([seed, 1])
+        self.pool = PromptPool(len(self.train_rows), config.allocation.pool_size, np.random.default_rng([seed, 1]))
         self.alloc_rng = np.random.default_rng([seed, 2])
-        self.order = self.order_rng.permutation(len(self.train_rows))
-        self.cursor = 0
+        # budget_unit="tokens": expected rollout lengths, learned over the run
+        self.tokens = TokenEstimate(config.allocation.default_rollout_tokens) \
+            if config.allocation.budget_unit == "tokens" else None
         self.step = 0
         self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
@@ -197,17 +197,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ one step
     def next_pool(self) -> list[dict[str, Any]]:
         """The next pool_size training rows in a shuffled order, reshuffled when it runs out."""
-        size = min(self.config.allocation.pool_size, len(self.train_rows))
-        if self.cursor + size > len(self.order):
-            self.order, self.cursor = self.order_rng.permutation(len(self.train_rows)), 0
-        rows = [self.train_rows[i] for i in self.order[self.cursor: self.cursor + size]]
-        self.cursor += size
-        return rows
+        return [self.train_rows[i] for i in self.pool.next()]
 
     def train_step(self) -> dict[str, Any]:
-        cfg, alloc = self.config, self.config.allocation
+        cfg = self.config
         started = time.perf_counter()
-        # 1. candidate pool, predictor, stage 1, bare rollouts, stage 2 (tracerl.core.growth)
+        # 1. the step's sampling (tracerl.core.step): pool, predictor, stage 1, rollouts, stage 2, predictor
+        # scored then updated, advantages, measures
         seed = step_seed(cfg.run.seed, self.step, 0)
         if cfg.run.executor == "ray":  # the run's workers, re-seeded: worker 0 samples with `seed` as a local driver
             runner = self.start_workers()
@@ -218,59 +214,36 @@ class Trainer:
                                  sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_p, seed=seed))
             counted_before = Counter()
             pool = runner.set_rows(self.next_pool())
-        ledger = BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost)
-        predict = self.predictor.predict if self.uses_predictor else None
-        grown = grow_trees(self.method, alloc, pool, predict, runner, ledger, self.alloc_rng)
-        trees = grown.trees
+        step = run_step(self.method, cfg.allocation, pool, runner, self.alloc_rng, predictor=self.predictor,
+                        advantages=cfg.advantages, tokens=self.tokens)
+        trees, grown, ledger = step.trees, step.growth, step.ledger
         if cfg.run.save_trees:
             write_trees(self.out, self.step + 1, {
                 "step": self.step + 1, "method": cfg.method, "domain": cfg.data.domain,
                 "pool": [{"prompt_id": h.prompt_id, "p": float(p) if self.uses_predictor else None, "granted": int(m)}
                          for h, p, m in zip(pool, grown.p_pool, grown.root_counts)],
                 "trees": [tree.to_dict() for tree in trees]})
-        # 2. backup targets; the predictor is scored on the fresh nodes before it learns from them
-        metrics: dict[str, Any] = {}
-        t0 = time.perf_counter()
-        if self.uses_predictor:
-            histories, targets, weights = predictor_targets(trees)
-            if len(histories):
-                cal = calibration_metrics(self.predictor.predict(histories), targets, weights)
-                metrics.update({f"predictor/{k}": v for k, v in cal.items()})
-                fit = self.predictor.update(histories, targets, weights)
-                metrics.update({f"predictor/{k}": v for k, v in fit.items()})
-        update_seconds = time.perf_counter() - t0
-        # 3. advantages and the policy update
-        advantages = compute_advantages(self.method.advantage, trees, cfg.advantages)
-        counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent,
-                             raw_advantages=raw_advantages(self.method.advantage, trees, advantages, cfg.advantages))
+        metrics: dict[str, Any] = dict(step.metrics)
+        # 2. the policy update
         t0 = time.perf_counter()
         if hasattr(self.engine, "sleep"):  # in-process vLLM on a GPU frees its memory for the update
             self.engine.sleep()
-        metrics.update(self.update_policy(trees, advantages))
+        metrics.update(self.update_policy(trees, step.advantages))
         self.sync_weights()
         train_seconds = time.perf_counter() - t0
-        # 4. measures (DESIGN.md section 3)
+        # 3. run totals and times
         self.step += 1
         step_seconds = time.perf_counter() - started
-        alloc_seconds = grown.seconds["predict"] + grown.seconds["allocate"] + update_seconds
+        alloc_seconds = step.seconds["predict"] + step.seconds["allocate"] + step.seconds["update"]
         self.totals["units"] += ledger.units_spent
         self.totals["tokens"] += ledger.tokens_spent
         self.totals["prompts"] += len(trees)
-        self.totals["rollouts"] += counts["num_leaves"]
-        measures = ratios(counts)
+        self.totals["rollouts"] += step.counts["num_leaves"]
         metrics.update({
-            **{f"alloc/{key}": measures[key] for key in INFORMATIVE_MEASURES},
-            "alloc/effective_ratio": measures["effective_ratio"],
-            "alloc/mixed_trees_per_budget": measures["mixed_trees_per_budget"],
-            "alloc/mixed_anchors_per_budget": measures["mixed_anchors_per_budget"],
-            "alloc/nonzero_adv_token_frac": measures["nonzero_adv_token_frac"],
-            "alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
             "alloc/overhead_frac": alloc_seconds / step_seconds,
-            "rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
-            "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
             "rollout/cum_units": self.totals["units"], "rollout/cum_tokens": self.totals["tokens"],
             **{f"rollout/{k.split('/', 1)[1]}": v - counted_before[k] for k, v in runner.counters.items()},
-            "sys/step_seconds": step_seconds, "sys/rollout_seconds": grown.seconds["rollout"],
+            "sys/step_seconds": step_seconds, "sys/rollout_seconds": step.seconds["rollout"],
             "sys/train_seconds": train_seconds, "sys/alloc_seconds": alloc_seconds,
         })
         return self.log.write("train", self.step, metrics)
@@ -339,8 +312,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        state = {"step": self.step, "cursor": self.cursor, "order": self.order, "totals": self.totals,
-                 "order_rng": self.order_rng.bit_generator.state, "alloc_rng": self.alloc_rng.bit_generator.state}
+        state = {"step": self.step, "cursor": self.pool.cursor, "order": self.pool.order, "totals": self.totals,
+                 "order_rng": self.pool.rng.bit_generator.state, "alloc_rng": self.alloc_rng.bit_generator.state}
+        if self.tokens is not None:
+            state["rollout_tokens"] = self.tokens.state_dict()
         return checkpoint.save(self.out, self.step, self.model, self.optimizer, self.predictor, state)
 
     def resume(self) -> bool:
@@ -349,10 +324,11 @@ class Trainer:
         state = checkpoint.load(self.out, self.model, self.optimizer, self.predictor)
         if state is None:
             return False
-        self.step, self.cursor, self.totals = int(state["step"]), int(state["cursor"]), dict(state["totals"])
-        self.order = np.asarray(state["order"])
-        self.order_rng.bit_generator.state = state["order_rng"]
+        self.step, self.totals = int(state["step"]), dict(state["totals"])
+        self.pool.load_state_dict({"order": state["order"], "cursor": state["cursor"], "rng": state["order_rng"]})
         self.alloc_rng.bit_generator.state = state["alloc_rng"]
+        if self.tokens is not None and "rollout_tokens" in state:
+            self.tokens.load_state_dict(state["rollout_tokens"])
         return True
 
 

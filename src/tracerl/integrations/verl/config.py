@@ -13,9 +13,9 @@ Advantages are computed per tree, in the worker that grew it (trees are never ga
 advantage step): exact for `trace`, `grpo` and `tree_grpo`, which only look inside a prompt's tree; `treepo`'s
 whitening over the batch becomes a whitening over each tree's rollouts.
 
-`plan_batch` is stage 1 for one batch: the method's root policy over the batch's predicted success probabilities,
-then each selected prompt's share of the stage-2 budget (split by stage-1 grants, as `tracerl.core.growth` does
-per prompt). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
+`plan_batch` is stage 1 for one batch (`tracerl.core.growth.plan_roots`, the trainer's own): the method's root
+policy over the batch's predicted success probabilities, then each selected prompt's share of the stage-2 budget
+(split by stage-1 grants). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
 is empty, so the prompt closest to p = 0.5 then gets `m_min` rollouts (counted in `alloc/forced_prompts`).
 """
 
@@ -27,9 +27,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
-from tracerl.core.growth import split_whole
-from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, get_method
+from tracerl.core.allocation import CONTINUATION_COST, ROOT_VALUES
+from tracerl.core.growth import force_plan, plan_roots
+from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.predictor import PREDICTORS
+from tracerl.core.rules import check_fields, knob
 from tracerl.io.driver import DriverLimits
 
 ESTIMATOR = "tracerl_tree"  # the name the identity advantage estimator is registered under in verl
@@ -48,21 +50,21 @@ class TraceVerlConfig:
     advantage_options: dict = field(default_factory=dict)  # AdvantageConfig fields (eps, leave_one_out, ...)
     rm_scores: str = "advantages"  # "advantages": per-token tree advantages (algorithm.adv_estimator=tracerl_tree);
     # "reward": the leaf reward on the last token, for verl's own estimators (e.g. grpo on star trees)
-    m_min: int = 2  # fewest rollouts a selected prompt gets
-    m_max: int | None = 16  # most stage-1 rollouts one prompt gets
-    root_value: str = "v_root"  # stage-1 objective: v_root, knapsack_rl or nonzero_adv
-    root_share: float = 0.75  # share of the budget spent on fresh rollouts when the method has a stage 2
-    continuation_cost: float = 0.5  # budget units of one continuation (a fresh rollout costs 1)
-    expand_rounds: int = 2  # stage-2 rounds per prompt
-    k_max: int | None = 4  # most continuations one prefix gets per round
-    max_turns: int = 6  # policy turns per rollout
-    max_tokens_per_turn: int = 256  # sampled tokens per turn (capped by rollout.response_length)
-    max_tokens_per_rollout: int | None = None  # tokens after the prompt; None = rollout.response_length
-    timeout_s: float = 600.0  # one turn's generation for all of a tree's rollouts; past it they are failed leaves
-    seed: int = 0  # allocation and sampling seeds derive from it
+    m_min: int = knob(2, ge=2)  # fewest rollouts a selected prompt gets
+    m_max: int | None = knob(16, ge=2)  # most stage-1 rollouts one prompt gets
+    root_value: str = knob("v_root", choices=ROOT_VALUES)  # stage-1 objective: v_root, knapsack_rl or nonzero_adv
+    root_share: float = knob(0.75, gt=0, le=1)  # share of the budget spent on fresh rollouts when the method has a stage 2
+    continuation_cost: float = knob(CONTINUATION_COST, gt=0)  # budget units of one continuation (a fresh rollout costs 1)
+    expand_rounds: int = knob(2, ge=0)  # stage-2 rounds per prompt
+    k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round
+    max_turns: int = knob(6, ge=1)  # policy turns per rollout
+    max_tokens_per_turn: int = knob(256, ge=1)  # sampled tokens per turn (capped by rollout.response_length)
+    max_tokens_per_rollout: int | None = knob(None, ge=1)  # tokens after the prompt; None = rollout.response_length
+    timeout_s: float = knob(600.0, gt=0)  # one turn's generation for all of a tree's rollouts; past it they are failed leaves
+    seed: int = knob(0, ge=0)  # allocation and sampling seeds derive from it
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = check_fields(self, "tracerl.")
         try:
             method = get_method(self.method)
         except ValueError as err:
@@ -77,8 +79,6 @@ class TraceVerlConfig:
         if self.rm_scores not in RM_SCORES:
             problems.append(f"rm_scores={self.rm_scores!r}; use 'advantages' (with adv_estimator={ESTIMATOR}) "
                             "or 'reward' (with one of verl's estimators)")
-        if self.timeout_s <= 0:
-            problems.append(f"timeout_s={self.timeout_s} must be > 0")
         if problems:
             raise ValueError("invalid tracerl section of the verl config: " + "; ".join(problems))
         AdvantageConfig(**self.advantage_options)  # raises with its own message on a bad option
@@ -144,14 +144,7 @@ def plan_batch(p: np.ndarray, config: TraceVerlConfig, rollout_n: int, rng: np.r
         raise ValueError("an empty batch cannot be planned; verl sent no prompts")
     method = get_method(config.method)
     alloc = config.allocation(num, rollout_n)
-    counts = np.asarray(ROOT_POLICIES[method.root_policy](p, method.root_budget(alloc), alloc, rng), dtype=np.int64)
-    forced = not counts.any()
-    if forced:
-        counts[int(np.argmin(np.abs(p - 0.5)))] = alloc.m_min
-    prefix_units = np.zeros(num)
-    if method.prefix_policy is not None and alloc.expand_rounds > 0:
-        unit = PREFIX_POLICIES[method.prefix_policy].granule(alloc) * alloc.continuation_cost
-        num_granules = int((alloc.budget - counts.sum()) // unit + 1e-9)
-        selected = np.flatnonzero(counts)
-        prefix_units[selected] = split_whole(max(num_granules, 0), counts[selected]) * unit
-    return BatchPlan(p=p, counts=counts, prefix_units=prefix_units, forced=forced)
+    plan = plan_roots(method, alloc, p, alloc.budget, rng)
+    forced = not plan.counts.any()
+    plan = force_plan(method, alloc, plan, p, alloc.budget)
+    return BatchPlan(p=p, counts=plan.counts, prefix_units=plan.prefix_budget, forced=forced)

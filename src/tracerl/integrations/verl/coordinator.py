@@ -18,10 +18,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tracerl.core.calibration import calibration_metrics
 from tracerl.core.history import History
-from tracerl.core.metrics import predictor_targets
 from tracerl.core.predictor import make_predictor
+from tracerl.core.step import learn
 from tracerl.core.tree import Tree
 
 
@@ -50,13 +49,9 @@ class TraceCoordinator:
             return {}
         trees = [Tree.from_dict(t) for t in self.pending.values()]
         metrics: dict[str, float] = {"predictor/num_trees": float(len(trees))}
-        histories, targets, weights = predictor_targets(trees)
-        if len(histories):
-            cal = calibration_metrics(self.predictor.predict(histories), targets, weights)
-            metrics.update({f"predictor/{k}": float(v) for k, v in cal.items()})
-            fit = self.predictor.update(histories, targets, weights)
-            metrics.update({f"predictor/{k}": float(v) for k, v in fit.items()})
-            self.num_updates += 1
+        learned = learn(self.predictor, trees)  # tracerl.core.step's, the trainer's own
+        metrics.update(learned.metrics)
+        self.num_updates += learned.scored is not None
         self.flushed, self.pending = self.pending, {}
         return metrics
 

@@ -41,7 +41,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.allocation import BudgetLedger
-from tracerl.core.growth import GrowthResult, expand_trees
+from tracerl.core.growth import expand_trees
 from tracerl.core.methods import AllocationConfig, MethodPreset, get_method
 from tracerl.core.tree import Tree
 from tracerl.executors.ray_runner import add_failed_leaves
@@ -49,6 +49,7 @@ from tracerl.integrations.verl.config import TraceVerlConfig
 from tracerl.integrations.verl.engine import RolloutTimeout, VerlEngine
 from tracerl.integrations.verl.rows import LeafRow, leaf_rows, tracerl_row
 from tracerl.io.chat import ChatRenderer
+from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
 
@@ -111,17 +112,13 @@ def grow_tree(row: dict, count: int, prefix_units: float, p_root: float, *, engi
     tree.root.p_pred, tree.root.expand_reason, tree.root.num_granted = p_root, "root", count
     if method.prefix_policy is not None and alloc.expand_rounds > 0 and prefix_units > 0:
         ledger = BudgetLedger(prefix_units, continuation_cost=alloc.continuation_cost)
-        result = GrowthResult([tree], np.array([0]), np.array([p_root]), np.array([count]),
-                              seconds={"predict": 0.0, "allocate": 0.0, "rollout": 0.0})
-        expand_trees(method, alloc, result, predict, runner, ledger, rng)
+        expand_trees(method, alloc, [tree], np.array([prefix_units]), predict, runner, ledger, rng)
     return tree, Counter(driver.counters) + runner.counters
 
 
 class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from tracerl.train.policy import make_domain
-
         self.trace_config = TraceVerlConfig.from_verl(self.config)
         self.method = get_method(self.trace_config.method)
         self.renderer = ChatRenderer(self.tokenizer)

@@ -22,7 +22,7 @@ a balance after a transfer) a wrong order changes the final state or the answer,
 
 Splits: a task belongs to "test" iff a hash of its question text falls in the test fraction, so train and test
 never share a question, whatever the seed. All names come from fixed word lists, so every word of a test question
-also appears in training questions (a tiny model can copy it; see DESIGN.md section 6).
+also appears in training questions (a tiny model can copy it; see docs/design.md, section 6).
 
 Does not: paraphrase questions, ask for values the APIs cannot give, or grade the wording of an answer beyond (c).
 """
