@@ -62,7 +62,7 @@ def test_pool_cycles_every_prompt_then_reshuffles_and_resumes():
     assert PromptPool(3, 8, np.random.default_rng(0)).next().size == 3, "a pool never exceeds the data"
 
 
-@pytest.mark.parametrize("name", ["grpo", "pcl", "treepo", "trace", "trace-uniform-prefix"])
+@pytest.mark.parametrize("name", ["grpo", "pcl", "treepo", "trace", "trace-uniform-prefix", "trace-uniform"])
 def test_token_budget_is_spent_within_budget(name):
     config = replace(CONFIG, budget_unit="tokens", token_budget=20_000, default_rollout_tokens=300)
     tokens = TokenEstimate(config.default_rollout_tokens)

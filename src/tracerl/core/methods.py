@@ -214,6 +214,9 @@ METHODS: dict[str, MethodPreset] = {m.name: m for m in [
                  description="ablation: trace with the true success probability (simulator only)"),
     MethodPreset("trace-uniform-prefix", "knapsack", "uniform", "trace", "learned",
                  description="ablation: knapsack roots, stage-2 budget spread evenly over prefixes"),
+    MethodPreset("trace-uniform", "uniform", "uniform", "trace", "none",
+                 description="ablation: GRPO's random batch, stage-2 budget spread evenly over prefixes (neither "
+                             "stage active: the baseline of the stage ablation)"),
 ]}
 
 
