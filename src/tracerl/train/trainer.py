@@ -118,8 +118,9 @@ class Trainer:
                 enable_sleep_mode=cfg.vllm_sleep)
         from tracerl.engines.openai_engine import OpenAIEngine
 
+        # the server samples from the same model, so every id it returns must lie inside this model's vocabulary
         engine = OpenAIEngine(cfg.base_url, cfg.served_model_name or None, n_mode=cfg.n_mode,
-                              max_concurrency=cfg.max_batch_size)
+                              max_concurrency=cfg.max_batch_size, vocab_size=self.model.config.vocab_size)
         self.say(f"generating with the server at {cfg.base_url}" + (", weights synced after each update"
                                                                      if cfg.sync_weights else ""))
         return engine
