@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.engine import Completion, SamplingParams, check_request
 
 
 class EngineError(ValueError):
@@ -128,13 +128,7 @@ class OpenAIEngine:
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
                  n: int | Sequence[int] = 1) -> list[list[Completion]]:
         """For each prefix, n (or n[i]) sampled continuations; see the module docstring for logprobs."""
-        prompts = [[int(t) for t in p] for p in prefixes]
-        counts = [n] * len(prompts) if isinstance(n, int) else [int(c) for c in n]
-        if len(counts) != len(prompts) or any(c < 0 for c in counts):
-            raise ValueError(f"n={n!r} must be an int >= 0 or one count >= 0 per prefix ({len(prompts)} prefixes)")
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prefix {i} is empty; start every prefix with at least one token (e.g. a BOS id)")
+        prompts, counts = check_request(prefixes, n)
         with self._lock:
             self.stats["num_calls"] += 1
         if self.n_mode == "n":
