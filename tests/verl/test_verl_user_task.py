@@ -149,3 +149,15 @@ def test_shapes_masks_and_advantages_equal_tracerls(vault_step):
         assert torch.equal(adv, torch.tensor(want, dtype=torch.float32)), f"{key}: verl's advantages differ"
         nonzero += int(adv.ne(0).any())
     assert nonzero > 0, "the noisy expert must produce mixed trees"
+
+
+def test_manager_refuses_a_bad_reward_setting_at_start(vault):
+    """Checked in the manager's constructor, before any worker actor starts (no Ray needed)."""
+    config = verl_config(vault["path"], "algorithm.adv_estimator=tracerl_tree", *USER_TASK,
+                         "reward.custom_reward_function.name=compute_score")
+    with pytest.raises(ValueError, match=r"has no function 'compute_score' \(custom_reward_function.name\)"):
+        TraceAgentLoopManager(config, llm_client=None)
+    config = verl_config(vault["path"], "algorithm.adv_estimator=tracerl_tree", *USER_TASK,
+                         "actor_rollout_ref.rollout.multi_turn.tool_config_path=/nonexistent/tools.yaml")
+    with pytest.raises(ValueError, match="tool config /nonexistent/tools.yaml .* does not exist"):
+        TraceAgentLoopManager(config, llm_client=None)

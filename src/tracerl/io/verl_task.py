@@ -33,8 +33,6 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
 from tracerl.io.task import UserTask, UserTaskDomain, tool
 
 
@@ -129,6 +127,10 @@ def load_verl_tools(path: str | Path) -> list[Callable[..., Any]]:
     label = f"tool config {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
     if not path.is_file():
         raise ValueError(f"{label} does not exist; check the path (relative paths start at the working directory)")
+    try:
+        import yaml  # installed with verl (omegaconf needs it); not a dependency of tracerl itself
+    except ImportError:
+        raise ValueError(f"reading {label} needs PyYAML: pip install pyyaml") from None
     try:
         document = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
