@@ -24,8 +24,8 @@ the observation it gave the first time, else restore raises). A stateful tool th
 restoring a snapshot past its first call raises a `ValueError` naming the tool and the fix. Stateless tools (no
 `state` parameter) need nothing.
 
-Deliberately not here: async tools, tools that return images, verl's `BaseTool` classes (their YAML and reward
-settings map onto `UserTask`; see docs/tasks.md), reading parquet without pyarrow.
+Deliberately not here: async tools, tools that return images, reading parquet without pyarrow. verl's `BaseTool`
+classes, tool config YAML and custom reward settings load into a `UserTask` in `tracerl.io.verl_task`.
 """
 
 from __future__ import annotations
@@ -348,7 +348,8 @@ def json_call(name: str, arguments: dict[str, Any]) -> str:
 class UserTaskDomain:
     """A `UserTask` behind the domain interface of the built-in domains (`tracerl.io.domains.base.Domain`)."""
 
-    def __init__(self, task: UserTask, source: str = "") -> None:
+    def __init__(self, task: UserTask, source: str = "", need_rows: bool = True) -> None:
+        """`need_rows=False` when rows come from elsewhere (verl's batch) and the task may name no files."""
         try:
             inspect.signature(task.compute_score).bind(**REWARD_ARGUMENTS)
         except (TypeError, ValueError):
@@ -366,7 +367,7 @@ class UserTaskDomain:
                              "task has no make_state(row) to create it")
         self._rows = {split: load_rows(files, split) if files else []
                       for split, files in (("train", task.train_files), ("test", task.test_files))}
-        if not self._rows["train"]:
+        if need_rows and not self._rows["train"]:
             raise ValueError("the task has no training rows; set data.train_files or the task's train_files")
         self.source = source
 

@@ -17,6 +17,12 @@ whitening over the batch becomes a whitening over each tree's rollouts.
 policy over the batch's predicted success probabilities, then each selected prompt's share of the stage-2 budget
 (split by stage-1 grants). It never returns an all-zero plan: verl's synchronous sampler raises when every prompt of a batch
 is empty, so the prompt closest to p = 0.5 then gets `m_min` rollouts (counted in `alloc/forced_prompts`).
+
+`task_domain` picks the environments: a verl user's own task when verl's config names a tool config file
+(`actor_rollout_ref.rollout.multi_turn.tool_config_path`) or a custom reward function
+(`reward.custom_reward_function.path`/`.name`, or the legacy top-level `custom_reward_function`), loaded by
+`tracerl.io.verl_task` (without a custom reward, verl's `default_compute_score` scores by `data_source`, as in verl);
+otherwise the built-in `tracerl.domain`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from tracerl.core.growth import force_plan, plan_roots
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.predictor import PREDICTORS
 from tracerl.core.rules import check_fields, knob
+from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits
 
 ESTIMATOR = "tracerl_tree"  # the name the identity advantage estimator is registered under in verl
@@ -43,7 +50,7 @@ class TraceVerlConfig:
     """The `tracerl:` section of a verl config. Every field has a default; unknown keys raise."""
 
     method: str = "trace"  # a tracerl method preset (`tracerl methods`): stage 1, stage 2 and advantage
-    domain: str = "multihop"  # the environments rollouts run in: multihop, math, funcall or bfcl
+    domain: str = "multihop"  # built-in environments (multihop, math, funcall, bfcl) when verl names no tools/reward
     predictor: str = "hashed_logistic"  # success predictor steering stages 1 and 2 (unused by grpo, treepo)
     predictor_options: dict = field(default_factory=lambda: {"l2": 1e-3})  # its constructor options
     advantage: str | None = None  # tree advantage estimator; None = the method's (trace for trace)
@@ -148,3 +155,35 @@ def plan_batch(p: np.ndarray, config: TraceVerlConfig, rollout_n: int, rng: np.r
     forced = not plan.counts.any()
     plan = force_plan(method, alloc, plan, p, alloc.budget)
     return BatchPlan(p=p, counts=plan.counts, prefix_units=plan.prefix_budget, forced=forced)
+
+
+def task_settings(config: Any) -> dict[str, Any]:
+    """A verl config's tool config path and custom reward settings ("" / {} where unset)."""
+    from omegaconf import OmegaConf
+
+    def select(key: str, default: Any = None) -> Any:
+        value = OmegaConf.select(config, key, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    reward = select("reward.custom_reward_function") or {}
+    if not reward.get("path"):  # verl's legacy top-level section
+        reward = select("custom_reward_function") or {}
+    return {"tool_config_path": select("actor_rollout_ref.rollout.multi_turn.tool_config_path") or "",
+            "reward_path": reward.get("path") or "", "reward_name": reward.get("name") or "compute_score",
+            "reward_kwargs": dict(reward.get("reward_kwargs") or {})}
+
+
+def task_domain(config: Any, trace: TraceVerlConfig) -> Any:
+    """The environments of a verl run: the user's task from verl's settings when it names one, else `trace.domain`."""
+    settings = task_settings(config)
+    if not settings["tool_config_path"] and not settings["reward_path"]:
+        return make_domain(trace.domain)
+    from tracerl.io.verl_task import verl_task
+
+    default = None
+    if not settings["reward_path"]:
+        from verl.utils.reward_score import default_compute_score
+
+        def default(data_source, solution_str, ground_truth, extra_info=None):  # verl's rule-based scores
+            return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    return verl_task(compute_score=default, **settings)

@@ -35,7 +35,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
 from tracerl.core.history import History
 from tracerl.core.methods import get_method
-from tracerl.integrations.verl.config import ESTIMATOR, BatchPlan, TraceVerlConfig, plan_batch
+from tracerl.integrations.verl.config import ESTIMATOR, BatchPlan, TraceVerlConfig, plan_batch, task_domain
 from tracerl.integrations.verl.coordinator import TraceCoordinator
 from tracerl.integrations.verl.rows import tracerl_row
 from tracerl.integrations.verl.worker import TraceAgentLoopWorker
@@ -88,6 +88,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
     """verl V1 agent-loop manager running TRACE's stage 1 per batch; its workers grow and store the trees."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        task_domain(config, TraceVerlConfig.from_verl(config))  # a bad tool config or reward fails here, at start
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         # set after super().__init__: AgentLoopManagerTQ.__init__ assigns its own worker class
         self.agent_loop_workers_class = ray.remote(TraceAgentLoopWorker)

@@ -45,11 +45,10 @@ from tracerl.core.growth import expand_trees
 from tracerl.core.methods import AllocationConfig, MethodPreset, get_method
 from tracerl.core.tree import Tree
 from tracerl.executors.ray_runner import add_failed_leaves
-from tracerl.integrations.verl.config import TraceVerlConfig
+from tracerl.integrations.verl.config import TraceVerlConfig, task_domain
 from tracerl.integrations.verl.engine import RolloutTimeout, VerlEngine
 from tracerl.integrations.verl.rows import LeafRow, leaf_rows, tracerl_row
 from tracerl.io.chat import ChatRenderer
-from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
 
@@ -122,7 +121,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         self.trace_config = TraceVerlConfig.from_verl(self.config)
         self.method = get_method(self.trace_config.method)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.domain = make_domain(self.trace_config.domain)
+        self.domain = task_domain(self.config, self.trace_config)
         self.limits = self.trace_config.limits(self.rollout_config.response_length)
         self.trace_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tracerl-tree")
         self.coordinators: dict[str, Any] = {}

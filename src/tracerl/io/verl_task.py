@@ -1,0 +1,211 @@
+"""A `UserTask` from verl's own settings: the multi-turn tool config YAML and the custom reward function.
+
+`verl_task(tool_config_path, reward_path, reward_name)` reads what a verl user already has:
+
+- the tool config file of `actor_rollout_ref.rollout.multi_turn.tool_config_path`: `tools: [{class_name,
+  config, tool_schema}]`, where `class_name` is the dotted path of a tool class with verl's `BaseTool` interface
+  (async `create`, `execute`, `release`), `config` its constructor config (`type: native`, the only type verl
+  0.9.1 runs) and `tool_schema` an OpenAI-style function schema (optional when the class returns one from
+  `get_openai_tool_schema()`);
+- the reward of `custom_reward_function.path`/`.name` (and `.reward_kwargs`): a file whose function has verl's
+  signature `compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)`, sync or async.
+
+Each tool call runs as verl 0.9.1's tool agent loop runs it: `create(create_kwargs=...)` with the row's
+`extra_info.tools_kwargs[tool].create_kwargs`, `execute(instance_id, arguments)`, then `release(instance_id)`; the
+observation is the response's text (the step reward and metrics `execute` returns are not used: the leaf's reward
+is the reward function's). The coroutines run on one event loop thread per tool set, so a tool's async resources
+live on one loop, as in verl. The tools keep their state outside tracerl, so they are `state="replay"` tools: a
+continuation replays the prefix's calls in a fresh episode and checks each gives the observation it gave before.
+The reward sees the whole transcript (`UserTask.solution="transcript"`), as verl's reward sees the decoded response.
+
+Bad files fail here, at load, naming the file, the entry and the fix. Deliberately not here: verl's function
+tools (`function_tool_path`), MCP tools, `agent_data` (verl passes its agent loop's state to `execute`; tracerl's
+driver has none), images in tool responses, and reading the verl Hydra config (`tracerl.integrations.verl` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from tracerl.io.task import UserTask, UserTaskDomain, tool
+
+
+class EventLoopThread:
+    """One asyncio loop in a daemon thread; `run(coro)` runs a coroutine there from any other thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="tracerl-verl-tools", daemon=True).start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+def _import_class(dotted: str, where: str) -> type:
+    module_name, _, attr = str(dotted).rpartition(".")
+    if not module_name:
+        raise ValueError(f"{where}: class_name={dotted!r} must be a dotted path 'package.module.ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{where}: cannot import {module_name!r} ({err}); put its folder on PYTHONPATH or install "
+                         "the package") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"{where}: module {module_name!r} has no class {attr!r}")
+    missing = [m for m in ("create", "execute", "release") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"{where}: {dotted} lacks {missing}; a tool class needs verl's BaseTool interface "
+                         "(async create, execute, release), e.g. by subclassing verl.tools.base_tool.BaseTool")
+    return cls
+
+
+def _schema_object(schema: dict[str, Any]) -> Any:
+    """verl's pydantic schema when verl is installed (its BaseTool reads `schema.function.name`), else the dict."""
+    try:
+        from verl.tools.schemas import OpenAIFunctionToolSchema
+    except ImportError:
+        return schema
+    return OpenAIFunctionToolSchema.model_validate(schema)
+
+
+def _schema_dict(schema: Any) -> Any:
+    return schema.model_dump(exclude_unset=True, exclude_none=True) if hasattr(schema, "model_dump") else schema
+
+
+def _checked_schema(schema: Any, where: str) -> dict[str, Any]:
+    function = schema.get("function") if isinstance(schema, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f"{where}: tool_schema needs an OpenAI-style function with a name: {{type: function, "
+                         "function: {name: ..., description: ..., parameters: {type: object, properties: ...}}}")
+    if not isinstance(function.get("parameters", {}), dict):
+        raise ValueError(f"{where}: tool_schema.function.parameters must be a JSON schema object")
+    return {"type": "function", "function": function}
+
+
+def _response_text(result: Any) -> str:
+    """The observation of `execute`'s result: (ToolResponse | str | dict, reward, metrics) or the response alone."""
+    response = result[0] if isinstance(result, tuple) else result
+    if isinstance(response, dict):
+        response = response.get("text")
+    else:
+        response = getattr(response, "text", response)
+    return "" if response is None else str(response)
+
+
+def _verl_call(instance: Any, name: str, loop: EventLoopThread) -> Callable[..., str]:
+    """The tracerl tool function over one verl tool instance: create, execute, release per call (verl 0.9.1)."""
+    async def run(row: dict[str, Any], arguments: dict[str, Any]) -> str:
+        tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs") or {}
+        create_kwargs = (tools_kwargs.get(name) or {}).get("create_kwargs", {})
+        instance_id, _ = await instance.create(create_kwargs=create_kwargs)
+        try:
+            return _response_text(await instance.execute(instance_id, arguments))
+        finally:
+            await instance.release(instance_id)
+
+    def call(state: dict[str, Any], **arguments: Any) -> str:
+        return loop.run(run(state["row"], arguments))
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _episode_state(row: dict[str, Any]) -> dict[str, Any]:
+    """What a verl tool call needs from its episode: the row (for `extra_info.tools_kwargs`)."""
+    return {"row": row}
+
+
+def load_verl_tools(path: str | Path) -> list[Callable[..., Any]]:
+    """The tools of a verl tool config file as `tool`-marked functions (state="replay", taking the episode state)."""
+    path = Path(path)
+    label = f"tool config {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
+    if not path.is_file():
+        raise ValueError(f"{label} does not exist; check the path (relative paths start at the working directory)")
+    try:
+        import yaml  # installed with verl (omegaconf needs it); not a dependency of tracerl itself
+    except ImportError:
+        raise ValueError(f"reading {label} needs PyYAML: pip install pyyaml") from None
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{label} is not YAML: {err}") from None
+    entries = document.get("tools") if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{label} needs a non-empty list `tools: [{{class_name, config, tool_schema}}, ...]`")
+    loop, tools = EventLoopThread(), []
+    for number, entry in enumerate(entries):
+        where = f"{path} tools[{number}]"
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ValueError(f"{where} has no class_name; each tool is {{class_name: pkg.module.Class, config: "
+                             "{type: native}, tool_schema: {...}}")
+        config = dict(entry.get("config") or {})
+        if config.get("type", "native") != "native":
+            raise ValueError(f"{where}: config.type={config['type']!r}; only 'native' tools (BaseTool classes) "
+                             "run in tracerl")
+        cls = _import_class(entry["class_name"], where)
+        schema = entry.get("tool_schema")
+        if schema is not None:
+            schema = _checked_schema(schema, where)
+        try:
+            instance = cls(config=config, tool_schema=None if schema is None else _schema_object(schema))
+        except Exception as err:
+            raise ValueError(f"{where}: {entry['class_name']}(config=..., tool_schema=...) raised "
+                             f"{type(err).__name__}: {err}") from None
+        if schema is None:
+            getter = getattr(instance, "get_openai_tool_schema", None)
+            schema = _checked_schema(_schema_dict(getter()) if getter else None, where)
+        name = schema["function"]["name"]
+        tools.append(tool(_verl_call(instance, name, loop), state="replay", schema=schema))
+    return tools
+
+
+def load_reward_function(path: str | Path, name: str = "compute_score",
+                         reward_kwargs: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """verl's custom reward function (`custom_reward_function.path/name/reward_kwargs`) as a sync function of
+    (data_source, solution_str, ground_truth, extra_info)."""
+    path, name = Path(path), name or "compute_score"
+    label = f"custom_reward_function.path={str(path)!r}"
+    if not path.is_file():
+        raise ValueError(f"{label} does not exist; check the path (relative paths start at the working directory)")
+    spec = importlib.util.spec_from_file_location(f"tracerl_verl_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ValueError(f"{label}: importing it raised {type(err).__name__}: {err}") from None
+    raw = getattr(module, name, None)
+    if not callable(raw):
+        found = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
+        raise ValueError(f"{label} has no function {name!r} (custom_reward_function.name); it defines {found}")
+    extra = dict(reward_kwargs or {})
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+        value = raw(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                    extra_info=extra_info, **extra)
+        return asyncio.run(value) if inspect.iscoroutine(value) else value
+    compute_score.__name__ = compute_score.__qualname__ = name
+    return compute_score
+
+
+def verl_task(tool_config_path: str = "", reward_path: str = "", reward_name: str = "compute_score",
+              reward_kwargs: Mapping[str, Any] | None = None, compute_score: Callable[..., Any] | None = None,
+              train_files: Sequence[str] = (), test_files: Sequence[str] = ()) -> UserTaskDomain:
+    """The domain of a task given by verl's settings; `compute_score` is the reward when no `reward_path` is set
+    (inside verl, verl's `default_compute_score`). Rows come from the files, or from verl's batch when none."""
+    if reward_path:
+        compute_score = load_reward_function(reward_path, reward_name, reward_kwargs)
+    if compute_score is None:
+        raise ValueError("the task has no reward: set custom_reward_function.path (and .name) to the file of your "
+                         "compute_score(data_source, solution_str, ground_truth, extra_info)")
+    tools = load_verl_tools(tool_config_path) if tool_config_path else []
+    task = UserTask(tools=tools, compute_score=compute_score, train_files=tuple(train_files),
+                    test_files=tuple(test_files), make_state=_episode_state if tools else None,
+                    solution="transcript", name="verl_task")
+    return UserTaskDomain(task, source=f"verl:{tool_config_path}:{reward_path}:{reward_name}",
+                          need_rows=bool(train_files))
