@@ -15,6 +15,14 @@ from tracerl.io.scripted_engine import ScriptedEngine
 from tracerl.io.tokenizer import train_tokenizer
 
 
+# The tests' tiny embedded policy: 2-hop questions over a 40-entity world, a 64-wide model, short turns; every
+# question answerable and the warm start on the RL questions, so a step has contrast and an update moves the policy
+TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150, "sft_steps": 300,
+               "vocab_size": 500, "hidden_size": 64, "max_turns": 4, "max_tokens_per_turn": 40,
+               "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2,
+               "unanswerable_share": 0.0, "missing_kinds": [], "warmup_fraction": 0.0}
+
+
 def make_renderer(texts, vocab_size=1200):
     texts = list(texts) + ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> <answer>x</answer>'] * 20
     return ChatRenderer(train_tokenizer(texts, vocab_size=vocab_size))

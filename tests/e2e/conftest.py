@@ -4,13 +4,10 @@ training steps to a few seconds: 2-hop questions over a 40-entity world, a 64-wi
 import json
 
 import pytest
+from helpers import TINY_POLICY
 
 torch = pytest.importorskip("torch")
 
-TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150, "sft_steps": 300,
-               "vocab_size": 500, "hidden_size": 64, "max_turns": 4, "max_tokens_per_turn": 40,
-               "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2,
-               "unanswerable_share": 0.0, "missing_kinds": [], "warmup_fraction": 0.0}
 
 
 @pytest.fixture(scope="session")

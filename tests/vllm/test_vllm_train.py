@@ -13,7 +13,7 @@ skip_without_vllm()
 import numpy as np
 import torch
 
-from helpers import free_port
+from helpers import TINY_POLICY as TINY, free_port
 from vllm_support import TOLERANCE, trainer_logprobs, vllm_server
 
 from tracerl.engines.openai_engine import OpenAIEngine
@@ -22,13 +22,9 @@ from tracerl.io.runlog import read_metrics
 from tracerl.train.config import load_config
 from tracerl.train.trainer import Trainer, run_training
 
-# the tests/e2e tiny policy, 128 wide (head_dim 32: vLLM's CPU attention has no kernel for 16), a shorter warm start;
-# like tests/e2e, every question answerable and the warm start on the RL questions, so its steps have contrast and
-# the updates move the policy
-TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150, "sft_steps": 150,
-               "vocab_size": 500, "hidden_size": 128, "max_turns": 4, "max_tokens_per_turn": 40,
-               "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2,
-               "unanswerable_share": 0.0, "missing_kinds": [], "warmup_fraction": 0.0}
+# the tests' tiny policy (tests/helpers.py), 128 wide (head_dim 32: vLLM's CPU attention has no kernel for 16), a
+# shorter warm start
+TINY_POLICY = {**TINY, "sft_steps": 150, "hidden_size": 128}
 
 
 @pytest.fixture(scope="module")
