@@ -208,6 +208,15 @@ def treepo(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantage
     return [_broadcast(tree, (a - mean) / denom) for tree, a in zip(trees, raw)]
 
 
+def treepo_before_whitening(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantages]:
+    """`treepo` without its batch whitening: `treepo_unwhitened` broadcast to every segment of the rollout."""
+    return [_broadcast(tree, treepo_unwhitened(tree, config)) for tree in trees]
+
+
+# estimators that whiten over the whole batch -> the same estimator before that whitening (what carries contrast)
+BEFORE_BATCH_WHITENING: dict[str, AdvantageFn] = {"treepo": treepo_before_whitening}
+
+
 @register_advantage("tree_grpo")
 def tree_grpo(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantages]:
     """Tree-GRPO (arXiv 2509.21240), adapted: a prompt's "trees" are the subtrees under each root child (a bare

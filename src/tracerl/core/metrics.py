@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from tracerl.core.advantages import (
+    BEFORE_BATCH_WHITENING,
     AdvantageConfig,
     TreeAdvantages,
-    compute_advantages,
     nonzero_adv_token_counts,
 )
 from tracerl.core.history import History
@@ -27,17 +27,15 @@ from tracerl.core.tree import Tree
 
 INFORMATIVE_MEASURES = ("informative_rollouts_per_budget", "informative_rollouts_per_ktoken",
                         "informative_tokens_per_token", "informative_rollout_frac")
-BATCH_WHITENED = ("treepo",)  # estimators that whiten over the whole batch
 
 
 def raw_advantages(name: str, trees: Sequence[Tree], advantages: Sequence[TreeAdvantages],
                    config: AdvantageConfig | None = None) -> Sequence[TreeAdvantages]:
-    """The estimator's advantages before batch-level whitening: for a batch-whitened estimator, each tree's
-    advantages computed as a batch of its own (whitening one tree keeps its zero pattern: a tree without
-    contrast stays all zero); for the others, `advantages` as they are."""
-    if name not in BATCH_WHITENED:
-        return advantages
-    return [compute_advantages(name, [tree], config)[0] for tree in trees]
+    """The estimator's advantages before batch-level whitening: for a batch-whitened estimator its form before the
+    whitening (`advantages.BEFORE_BATCH_WHITENING`: a tree without contrast stays all zero); for the others,
+    `advantages` as they are."""
+    before = BEFORE_BATCH_WHITENING.get(name)
+    return advantages if before is None else before(list(trees), config or AdvantageConfig())
 
 
 def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], units_spent: float,

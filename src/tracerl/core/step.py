@@ -125,13 +125,14 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     advs = compute_advantages(method.advantage, trees, advantages)
     counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent,
                          raw_advantages=raw_advantages(method.advantage, trees, advs, advantages))
-    metrics.update({f"alloc/{k}": v for k, v in ratios(counts).items()})
+    measures = ratios(counts)
+    metrics.update({f"alloc/{k}": v for k, v in measures.items()})
     metrics.update({
         "alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
         "alloc/num_continuations": grown.num_continuations, "alloc/units_root": 0.0, "alloc/units_prefix": 0.0,
         "alloc/tokens_root": 0, "alloc/tokens_prefix": 0,
         "alloc/stage1_value": grown.stage1_value,
-        "rollout/success_rate": ratios(counts)["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
+        "rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
         "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
     })
     metrics.update({f"alloc/{k}": v for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
