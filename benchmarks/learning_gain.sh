@@ -11,15 +11,19 @@
 #                                                 (1024, 2), (512, 6), (512, 2); baseline grpo)
 #
 # SEEDS is a count (5: seeds 0..4), a list (0,3) or a range (2-4); a run already finished is not trained again, so
-# the table can be grown a few seeds at a time. The runs go to runs/learning-gain/<table>/ and the report (compare.md,
-# compare.json, plots) is copied to benchmarks/results/learning-gain-<table>/. On the 2-core CPU machine one run of
-# 24 steps with its 4 evaluations of 512 questions x 4 samples takes about 4-5 minutes with one torch thread.
+# the table can be grown a few seeds at a time, and runs trained elsewhere (one command per entry and seed, in
+# parallel on a larger machine: the runs are deterministic, bit for bit the same on another x86-64 machine) can be
+# dropped into the folder. Further arguments go to `tracerl compare`: `--report-only` writes the report alone.
+# The runs go to runs/learning-gain/<table>/ and the report (compare.md, compare.json, plots) is copied to
+# benchmarks/results/learning-gain-<table>/. On the 2-core CPU machine one run of 24 steps with its 4 evaluations
+# of 512 questions x 4 samples takes about 4-5 minutes with one torch thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 table=${1:?"name a table: methods, values, stages or shape"}
 seeds=${2:-5}
+shift $(( $# < 2 ? $# : 2 ))
 common=(--config configs/trace.toml --set run.num_steps=24 --set run.eval_every=8 --set run.eval_prompts=512
-        --set run.eval_samples=4 --set run.num_threads=1)
+        --set run.eval_samples=4 --set run.num_threads=1 --set run.tensorboard=false)
 case "$table" in
   methods) entries="grpo,pcl,treepo,trace"; baseline=grpo ;;
   values) entries="grpo,trace,trace[allocation.m_min=4],trace[allocation.root_value=knapsack_rl],trace[allocation.root_value=nonzero_adv]"
@@ -30,7 +34,7 @@ case "$table" in
   *) echo "unknown table $table: use methods, values, stages or shape" >&2; exit 2 ;;
 esac
 out=runs/learning-gain/$table
-tracerl compare --methods "$entries" --seeds "$seeds" --baseline "$baseline" --out "$out" "${common[@]}"
+tracerl compare --methods "$entries" --seeds "$seeds" --baseline "$baseline" --out "$out" "${common[@]}" "$@"
 dest=benchmarks/results/learning-gain-$table
 mkdir -p "$dest"
 cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/

@@ -72,3 +72,27 @@ def test_bench_replays_a_runs_saved_trees(tmp_path):
     assert len(record_simulator(cfg)) == 2
     with pytest.raises(ValueError, match="save_trees"):
         record_run(tmp_path / "empty")
+
+
+def test_mid_band_root_auc_ranks_only_the_uncertain_roots():
+    """A predictor that tells easy from impossible prompts but orders the uncertain ones backwards ranks roots well
+    overall and badly inside the band stage 1 chooses from: the mid-band AUC must show the second."""
+    from tracerl.bench.predictors import evaluate
+    from tracerl.core.history import History
+
+    # (prediction, outcome): two sure successes, two sure failures, four mid-band roots ranked backwards
+    pairs = [(0.95, 1.0), (0.9, 1.0), (0.05, 0.0), (0.1, 0.0), (0.7, 0.0), (0.6, 0.0), (0.4, 1.0), (0.3, 1.0)]
+    histories = [History(text=f"q{i}") for i in range(len(pairs))]
+
+    class Scripted:
+        def predict(self, hs):
+            return np.array([pairs[int(h.text[1:])][0] for h in hs])
+
+        def update(self, hs, targets, weights):
+            pass
+
+    targets, weights = np.array([t for _, t in pairs]), np.ones(len(pairs))
+    row = evaluate(Scripted(), [(histories, targets, weights)], warmup_steps=0)
+    assert row["auc_root"] == pytest.approx(0.75)  # 12 of the 16 success/failure pairs ordered right
+    assert row["auc_root_mid"] == pytest.approx(0.0)
+    assert row["root_mid_share"] == pytest.approx(0.5)

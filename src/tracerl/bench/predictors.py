@@ -7,7 +7,10 @@ step it predicts the step's nodes (scored *before* learning from them, as the tr
 their backed-up targets (Vhat, weight n). Replaying a run, `hashed_logistic` takes the options the run
 trained it with (its config.json); on the simulator, those of `tracerl bench alloc`. Reported per predictor:
 Brier, ECE and AUC pooled over the steps after `warmup_steps` (AUC and ECE also apart for roots, which stage 1
-reads, and prefixes, which stage 2 reads), and the cost in seconds per 1,000 prefixes of `predict` and of
+reads, and prefixes, which stage 2 reads; and AUC over the roots predicted within `MID_BAND`, the prompts whose
+group is likely mixed: a predictor ranks well over a pool of easy, hard and impossible questions by telling those
+apart, and `auc_root_mid` says how well it ranks the prompts stage 1 is left to choose among, which is also what
+roots of trees that stage 1 selected look like), and the cost in seconds per 1,000 prefixes of `predict` and of
 `update` (wall clock, torch threads 1), plus the seconds it took to build (model loading).
 
 `lm_value` runs on a tiny *random* Qwen3 with a tokenizer trained on the recorded texts: an untrained tiny
@@ -96,6 +99,9 @@ def tiny_lm_dir(texts: list[str], directory: Path, hidden_size: int = 64, seed: 
     return directory
 
 
+MID_BAND = (0.2, 0.8)  # predicted success of the roots `auc_root_mid` ranks: a group of 8 is then likely mixed
+
+
 def evaluate(predictor, steps: list[Step], warmup_steps: int) -> dict[str, float]:
     """Online replay: score each step's nodes, then update on them; pooled measures and per-1k-prefix seconds."""
     kept_p, kept_t, kept_w, kept_root = [], [], [], []
@@ -121,6 +127,9 @@ def evaluate(predictor, steps: list[Step], warmup_steps: int) -> dict[str, float
         for name, chosen in (("root", root), ("prefix", ~root)):
             part = calibration_metrics(p[chosen], t[chosen], w[chosen]) if chosen.any() else nan
             row.update({f"{k}_{name}": v for k, v in part.items() if k in ("auc", "ece")})
+        mid = root & (p >= MID_BAND[0]) & (p <= MID_BAND[1])
+        row["auc_root_mid"] = calibration_metrics(p[mid], t[mid], w[mid])["auc"] if mid.any() else float("nan")
+        row["root_mid_share"] = float(mid.sum() / max(root.sum(), 1))
     row.update(predict_s_per_1k=1e3 * seconds["predict"] / max(num_prefixes, 1),
                update_s_per_1k=1e3 * seconds["update"] / max(num_prefixes, 1), num_prefixes=num_prefixes)
     return row
@@ -181,13 +190,13 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
             "record_s": record_seconds, "config": config}
 
 
-COLUMNS = ("brier", "ece", "auc", "auc_root", "auc_prefix", "predict_s_per_1k", "update_s_per_1k", "build_s")
+COLUMNS = ("brier", "ece", "auc", "auc_root", "auc_prefix", "auc_root_mid", "root_mid_share", "predict_s_per_1k", "update_s_per_1k", "build_s")
 
 
 def to_markdown(result: dict) -> str:
     lines = ["| predictor | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, row in result["predictors"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in ("brier", "ece") or c.startswith("auc")
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in ("brier", "ece", "root_mid_share") or c.startswith("auc")
                                                 else f"{row[c]:.3f}"
                                                 for c in COLUMNS) + " |")
     cfg = result["config"]
