@@ -11,9 +11,9 @@
 #                                                 (1024, 2), (512, 6), (512, 2); baseline grpo)
 #
 # SEEDS is a count (5: seeds 0..4), a list (0,3) or a range (2-4); a run already finished is not trained again, so
-# the table can be grown a few seeds at a time, and runs trained elsewhere (one command per entry and seed, in
-# parallel on a larger machine: the runs are deterministic, bit for bit the same on another x86-64 machine) can be
-# dropped into the folder. Further arguments go to `tracerl compare`: `--report-only` writes the report alone.
+# the table can be grown a few seeds at a time, and runs trained elsewhere (the runs are deterministic, bit for bit
+# the same on another x86-64 machine) can be dropped into the folder. Further arguments go to `tracerl compare`:
+# `--jobs 16` trains 16 runs at a time (one core each), `--report-only` writes the report alone.
 # The runs go to runs/learning-gain/<table>/ and the report (compare.md, compare.json, plots) is copied to
 # benchmarks/results/learning-gain-<table>/. On the 2-core CPU machine one run of 24 steps with its 4 evaluations
 # of 512 questions x 4 samples takes about 4-5 minutes with one torch thread.

@@ -172,7 +172,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     seeds = parse_seeds(args.seeds)
     print(run_compare(args.methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
-                      say=_say, baseline=args.baseline, report_only=args.report_only))
+                      say=_say, baseline=args.baseline, report_only=args.report_only, jobs=args.jobs))
     return 0
 
 
@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="grpo", help="the entry the others are paired against")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the report from the seeds already finished for every entry")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at a time, each in its own process with run.num_threads torch threads "
+                        "(e.g. the number of cores with the default of one thread); results are the same")
     p.add_argument("--out", default="runs/compare", help="folder for the runs, compare.md and the plots")
     p.set_defaults(func=_compare)
 

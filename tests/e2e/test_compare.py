@@ -28,3 +28,23 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
     for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "accuracy_vs_tokens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+WALL_CLOCK = ("seconds", "overhead_frac")  # metrics that time the machine, not the run
+
+
+def test_parallel_compare_trains_the_same_runs_as_the_sequential_one(tiny_overrides, tmp_path):
+    overrides = [*tiny_overrides, "run.num_steps=2", "run.eval_every=1", "run.eval_prompts=3", "run.eval_samples=1",
+                 "run.tensorboard=false"]
+    run_compare(["grpo", "trace"], [0], tmp_path / "one", overrides=overrides, say=lambda m: None)
+    said = []
+    run_compare(["grpo", "trace"], [0], tmp_path / "two", overrides=overrides, say=said.append, jobs=2)
+    assert "compare: 2 runs, 2 at a time" in said
+    for method in ("grpo", "trace"):
+        rows = [[{k: v for k, v in r.items() if not k.endswith(WALL_CLOCK)}
+                 for r in read_metrics(tmp_path / folder / f"{method}-seed0") if r["kind"] in ("eval", "train")]
+                for folder in ("one", "two")]
+        assert rows[0] == rows[1], method  # same evaluations, losses, grad norms, budgets
+        assert any("train/pg_loss" in r for r in rows[0]) and any("eval/per_prompt" in r for r in rows[0])
+    with pytest.raises(ValueError, match="--jobs 0"):
+        run_compare(["grpo"], [0], tmp_path / "three", overrides=overrides, jobs=0)

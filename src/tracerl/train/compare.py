@@ -8,12 +8,15 @@ are comparisons of variants. Runs resume, so a long comparison can be run in pie
 `--seeds 2-4` tomorrow) and `--report-only` writes the report from whatever seeds are complete.
 
 The step-0 evaluation does not depend on the method (same policy, questions and sampling seed), so it is run
-once per seed and shared. The report itself (paired differences, equal-token reading, plots) is
+once per seed and shared. With `jobs` > 1 the runs go to that many worker processes, seed by seed in the order of
+the sequential loop; each run then makes its own step-0 evaluation (the same numbers: runs are deterministic),
+and a run that fails is reported at the end without stopping the others. The report itself (paired differences, equal-token reading, plots) is
 `tracerl.report.compare`.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,9 +78,11 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
                 overrides: Sequence[str] = (), say: Say = print, baseline: str = "grpo",
-                report_only: bool = False, all_seeds: Sequence[int] | None = None) -> str:
-    """Train every entry on every seed in `seeds` (or finish what is there), then write and return the report
-    over `all_seeds` (default: `seeds`), using the seeds complete for every entry."""
+                report_only: bool = False, all_seeds: Sequence[int] | None = None, jobs: int = 1) -> str:
+    """Train every entry on every seed in `seeds` (or finish what is there), `jobs` runs at a time, then write and
+    return the report over `all_seeds` (default: `seeds`), using the seeds complete for every entry."""
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs}: give 1 (one run at a time) or more")
     out = Path(out)
     entries = parse_entries(methods if isinstance(methods, str) else ",".join(methods))
     if not entries:
@@ -86,7 +91,9 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                                                      f"run.out_dir={out / run_dir_name(label, s)}",
                                                      "run.progress=false"])
                for s in seeds for label, method, extra in entries}  # every config is checked before the first run
-    if not report_only:
+    if not report_only and jobs > 1:
+        _train_in_parallel(configs, jobs, say)
+    elif not report_only:
         for s in seeds:
             initial = None
             for label, _, _ in entries:
@@ -100,3 +107,32 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                + ",".join(map(str, all_seeds or seeds)) + (f" --config {config_path}" if config_path else "")
                + "".join(f" --set {shlex.quote(o)}" for o in overrides) + f" --baseline {baseline}")
     return write_report(out, labels, list(all_seeds or seeds), baseline, command, say)
+
+
+def _train_one(config) -> tuple[float, float]:
+    """One run of a parallel comparison, in a worker process: (held-out success before, after)."""
+    prefix = f"[{Path(config.run.out_dir).name}] "
+    result = run_training(config, resume=True, say=lambda message: print(prefix + message, flush=True))
+    return result["before"]["eval/success"], result["after"]["eval/success"]
+
+
+def _train_in_parallel(configs: dict, jobs: int, say: Say) -> None:
+    """Every (label, seed) run of `configs` in `jobs` worker processes (spawned: no torch state is forked)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    failed = []
+    say(f"compare: {len(configs)} runs, {jobs} at a time")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_train_one, config): key for key, config in configs.items()}
+        for future in as_completed(futures):
+            label, seed = futures[future]
+            try:
+                before, after = future.result()
+            except Exception as error:  # one broken run must not cost the others; all are named below
+                failed.append(f"{label} seed {seed}: {type(error).__name__}: {error}")
+                say(f"compare: {label}, seed {seed} FAILED: {error}")
+                continue
+            say(f"compare: {label}, seed {seed}: held-out success {before:.1%} -> {after:.1%}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(configs)} runs failed (the others are saved and resume):\n  "
+                           + "\n  ".join(failed))
