@@ -7,8 +7,9 @@
 #   benchmarks/learning_gain.sh values  [SEEDS]   trace's stage-1 value functions in training  (baseline grpo)
 #   benchmarks/learning_gain.sh stages  [SEEDS]   uniform or active stage 1 x uniform or active stage 2 (the paper's
 #                                                 Table 1; baseline: both uniform)
-#   benchmarks/learning_gain.sh shape   [SEEDS]   root budget vs continuation width (the analogue of the paper's
-#                                                 (1024, 2), (512, 6), (512, 2); baseline grpo)
+#   benchmarks/learning_gain.sh shape   [SEEDS]   root budget vs continuation width (root_share x stage2_width,
+#                                                 the analogue of the paper's (1024, 2), (512, 6), (512, 2); baseline
+#                                                 grpo)
 #
 # SEEDS is a count (5: seeds 0..4), a list (0,3) or a range (2-4); a run already finished is not trained again, so
 # the table can be grown a few seeds at a time, and runs trained elsewhere (the runs are deterministic, bit for bit
@@ -29,7 +30,7 @@ case "$table" in
   values) entries="grpo,trace,trace[allocation.m_min=4],trace[allocation.root_value=knapsack_rl],trace[allocation.root_value=nonzero_adv]"
           baseline=grpo ;;
   stages) entries="trace-uniform,trace-prefix-only,trace-uniform-prefix,trace"; baseline=trace-uniform ;;
-  shape) entries="grpo,trace[allocation.root_share=0.75;allocation.k_max=2],trace[allocation.root_share=0.5;allocation.k_max=6],trace[allocation.root_share=0.5;allocation.k_max=2]"
+  shape) entries="grpo,trace,trace[allocation.root_share=0.75;allocation.stage2_width=2],trace[allocation.root_share=0.5;allocation.stage2_width=6;allocation.k_max=6],trace[allocation.root_share=0.5;allocation.stage2_width=2]"
          baseline=grpo ;;
   *) echo "unknown table $table: use methods, values, stages or shape" >&2; exit 2 ;;
 esac

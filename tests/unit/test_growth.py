@@ -122,3 +122,31 @@ def test_simulator_is_a_martingale():
     sim.run_continuations([(tree, node, 4000)])
     rewards = [tree.nodes[i].reward for i in tree.leaves_below(node)]
     assert abs(np.mean(rewards) - p_node) < 4 * np.sqrt(p_node * (1 - p_node) / len(rewards)) + 1e-3
+
+
+def test_stage2_width_grants_whole_groups_by_the_same_objective():
+    """stage2_width w: every prefix gets a multiple of w, the groups chosen to maximise sum 1 - q^K (brute force),
+    and a whole step grants only whole groups within budget."""
+    import itertools
+
+    from tracerl.core.methods import predictor_prefixes
+
+    config = AllocationConfig(num_prompts=8, rollouts_per_prompt=4, stage2_width=3, k_max=None)
+    p, outcome, cost = np.array([0.5, 0.9, 0.2, 0.6]), np.array([0, 0, 1, 1]), np.full(4, 0.5)
+    q = np.where(outcome == 1, p, 1 - p)
+    grants = predictor_prefixes(p, outcome, 4.5, config, np.random.default_rng(0), cost)  # 9 continuations: 3 groups
+    assert np.all(grants % 3 == 0) and grants.sum() * 0.5 <= 4.5
+    best = max((g for g in itertools.product(range(4), repeat=4) if sum(g) * 1.5 <= 4.5),
+               key=lambda g: float(np.sum(1 - q ** (3 * np.array(g)))))
+    assert np.sum(1 - q ** grants) == pytest.approx(np.sum(1 - q ** (3 * np.array(best))))
+    capped = predictor_prefixes(p, outcome, 4.5, AllocationConfig(num_prompts=8, rollouts_per_prompt=4,
+                                                                   stage2_width=3, k_max=5),
+                                np.random.default_rng(0), cost)
+    assert capped.max() <= 3  # k_max 5 holds one group of 3
+    grown, ledger = one_step("trace", config)
+    for tree in grown.trees:
+        assert all(n.num_granted % 3 == 0 for n in tree.nodes[1:])
+    assert any(n.num_granted for t in grown.trees for n in t.nodes[1:])
+    assert ledger.units_spent <= config.budget + 1e-9
+    with pytest.raises(ValueError, match="stage2_width"):
+        AllocationConfig(stage2_width=6, k_max=4)

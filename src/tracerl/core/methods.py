@@ -35,6 +35,7 @@ class AllocationConfig:
     expand_rounds: int = knob(2, ge=0)  # stage-2 rounds; each round can branch from nodes the previous one created
     k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round; None = no limit
     branch_width: int = knob(2, ge=1)  # TreePO: continuations per randomly chosen prefix
+    stage2_width: int = knob(1, ge=1)  # TRACE stage 2 grants continuations in groups of this many (the budget shape's width)
     stage2_mode: str = knob("per_prompt", choices=("per_prompt", "global"))  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
     budget_unit: str = knob("units", choices=BUDGET_UNITS)  # units: a rollout costs its trajectory units; tokens: its expected sampled tokens
     token_budget: int | None = knob(None, ge=1)  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
@@ -45,6 +46,9 @@ class AllocationConfig:
         problems = check_fields(self, "allocation.")
         if self.m_max is not None and self.m_max < self.m_min:
             problems.append(f"m_max={self.m_max} < m_min={self.m_min}; raise m_max or lower m_min")
+        if self.k_max is not None and self.k_max < self.stage2_width:
+            problems.append(f"k_max={self.k_max} < stage2_width={self.stage2_width}: no prefix could get one group; "
+                            "raise k_max (or set it to none) or lower stage2_width")
         if not problems and self.budget < self.m_min:
             problems.append(f"budget {self.budget} is below m_min={self.m_min}; raise num_prompts or rollouts_per_prompt")
         raise_problems(problems, "invalid allocation config")
@@ -135,10 +139,22 @@ def register_prefix_policy(name: str, *, needs_p: bool = True, granule: Callable
     return wrap
 
 
-@register_prefix_policy("predictor")
+@register_prefix_policy("predictor", granule=lambda c: c.stage2_width)
 def predictor_prefixes(p, outcome, budget, config, rng, cost):
-    """TRACE stage 2: maximise sum_y 1 - q_y^K_y with q = r p + (1 - r)(1 - p) (greedy, optimal at equal costs)."""
-    return allocate_prefixes(p, outcome, budget, cost=cost, k_max=config.k_max)
+    """TRACE stage 2: maximise sum_y 1 - q_y^K_y with q = r p + (1 - r)(1 - p) (greedy, optimal at equal costs).
+
+    With stage2_width w > 1 every K_y is a multiple of w: the same objective over groups g_y = K_y / w, since
+    1 - q^(w g) = 1 - (q^w)^g, solved as stage 2 with flip probabilities 1 - q^w and group costs w * cost; k_max
+    then caps a prefix at its whole groups. The paper's budget shapes (root rollouts, continuations per branch
+    point) are root_share x stage2_width."""
+    w = config.stage2_width
+    if w == 1:
+        return allocate_prefixes(p, outcome, budget, cost=cost, k_max=config.k_max)
+    r = np.asarray(outcome)
+    q = np.where(r == 1, np.asarray(p, float), 1.0 - np.asarray(p, float)) ** w
+    groups = allocate_prefixes(np.where(r == 1, q, 1.0 - q), r, budget, cost=w * np.asarray(cost, float),
+                               k_max=None if config.k_max is None else config.k_max // w)
+    return groups * w
 
 
 @register_prefix_policy("uniform", needs_p=False)
