@@ -190,13 +190,15 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
             "record_s": record_seconds, "config": config}
 
 
-COLUMNS = ("brier", "ece", "auc", "auc_root", "auc_prefix", "auc_root_mid", "root_mid_share", "predict_s_per_1k", "update_s_per_1k", "build_s")
+COLUMNS = ("brier", "ece", "auc", "auc_root", "auc_prefix", "auc_root_mid", "root_mid_share", "predict_s_per_1k",
+           "update_s_per_1k", "build_s")
+FOUR_DIGITS = ("brier", "ece", "root_mid_share")  # and every auc*
 
 
 def to_markdown(result: dict) -> str:
     lines = ["| predictor | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, row in result["predictors"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in ("brier", "ece", "root_mid_share") or c.startswith("auc")
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in FOUR_DIGITS or c.startswith("auc")
                                                 else f"{row[c]:.3f}"
                                                 for c in COLUMNS) + " |")
     cfg = result["config"]

@@ -35,7 +35,7 @@ class AllocationConfig:
     expand_rounds: int = knob(2, ge=0)  # stage-2 rounds; each round can branch from nodes the previous one created
     k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round; None = no limit
     branch_width: int = knob(2, ge=1)  # TreePO: continuations per randomly chosen prefix
-    stage2_width: int = knob(1, ge=1)  # TRACE stage 2 grants continuations in groups of this many (the budget shape's width)
+    stage2_width: int = knob(1, ge=1)  # TRACE stage 2 grants continuations in groups of this many (budget shape)
     stage2_mode: str = knob("per_prompt", choices=("per_prompt", "global"))  # per_prompt: B_prefix split by stage-1 grants; global: one exact solve per round
     budget_unit: str = knob("units", choices=BUDGET_UNITS)  # units: a rollout costs its trajectory units; tokens: its expected sampled tokens
     token_budget: int | None = knob(None, ge=1)  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
