@@ -114,3 +114,11 @@ def test_bad_settings_raise_with_the_fix():
     verl.algorithm.adv_estimator, verl.algorithm.use_kl_in_reward = "tracerl_tree", True
     with pytest.raises(ValueError, match="use_kl_in_reward=false"):
         check_verl_config(verl, TraceVerlConfig())
+
+
+def test_budget_shape_knobs_reach_the_allocation():
+    """stage2_width and branch_width are verl-section keys that tracerl's allocation actually uses."""
+    alloc = TraceVerlConfig.from_mapping({"stage2_width": 2, "branch_width": 3}).allocation(8, 4)
+    assert (alloc.stage2_width, alloc.branch_width) == (2, 3)
+    with pytest.raises(ValueError, match="stage2_width"):
+        TraceVerlConfig(stage2_width=6, k_max=4).allocation(8, 4)

@@ -64,6 +64,8 @@ class TraceVerlConfig:
     continuation_cost: float = knob(CONTINUATION_COST, gt=0)  # budget units of one continuation (a fresh rollout costs 1)
     expand_rounds: int = knob(2, ge=0)  # stage-2 rounds per prompt
     k_max: int | None = knob(4, ge=1)  # most continuations one prefix gets per round
+    stage2_width: int = knob(1, ge=1)  # trace's stage 2 grants continuations in groups of this many
+    branch_width: int = knob(2, ge=1)  # treepo: continuations per randomly chosen prefix
     max_turns: int = knob(6, ge=1)  # policy turns per rollout
     max_tokens_per_turn: int = knob(256, ge=1)  # sampled tokens per turn (capped by rollout.response_length)
     max_tokens_per_rollout: int | None = knob(None, ge=1)  # tokens after the prompt; None = rollout.response_length
@@ -122,7 +124,8 @@ class TraceVerlConfig:
         return AllocationConfig(num_prompts=num_prompts, rollouts_per_prompt=rollout_n, pool_factor=1,
                                 m_min=self.m_min, m_max=self.m_max, root_value=self.root_value,
                                 root_share=self.root_share, continuation_cost=self.continuation_cost,
-                                expand_rounds=self.expand_rounds, k_max=self.k_max)
+                                expand_rounds=self.expand_rounds, k_max=self.k_max,
+                                stage2_width=self.stage2_width, branch_width=self.branch_width)
 
     def limits(self, response_length: int) -> DriverLimits:
         per_rollout = self.max_tokens_per_rollout or response_length
