@@ -9,7 +9,7 @@ are comparisons of variants. Runs resume, so a long comparison can be run in pie
 
 The step-0 evaluation does not depend on the method (same policy, questions and sampling seed), so it is run
 once per seed and shared. With `jobs` > 1 the runs go to that many worker processes, seed by seed in the order of
-the sequential loop; each run then makes its own step-0 evaluation (the same numbers: runs are deterministic),
+the sequential loop; each run then makes its own step-0 evaluation (the same numbers: same policy, questions and seed),
 and a run that fails is reported at the end without stopping the others. The report itself (paired differences,
 equal-token reading, plots) is `tracerl.report.compare`.
 """
