@@ -1,6 +1,7 @@
 """The embedded default policy on a deliberately small config: cache, masking, SFT, evaluation via the real driver."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +68,10 @@ def test_build_writes_a_complete_cache_and_a_second_call_loads_it(built, monkeyp
     cache, policy = built
     path = cache / SMALL.key()
     assert policy.path == path
+    # the build hands back the saved policy as a later call loads it, not the model trained in memory: that one has
+    # the same weights and logits but not always bit-identical gradients, so a run in the building process drifted
+    # (a sampled token flipped after a few steps) from the same run started afterwards
+    assert Path(policy.model.name_or_path) == path / "model", "the build returned the in-memory model"
     assert {p.name for p in path.iterdir()} == {"tokenizer", "model", "embedded_config.json", "metrics.json"}
     assert not [p for p in cache.iterdir() if p.name.startswith(".")], "a temporary build folder was left behind"
     assert EmbeddedConfig.from_dict(json.loads((path / "embedded_config.json").read_text())) == SMALL
