@@ -13,8 +13,8 @@
 #
 # SEEDS is a count (5: seeds 0..4), a list (0,3) or a range (2-4); a run already finished is not trained again, so
 # the table can be grown a few seeds at a time, and runs trained elsewhere can be dropped into the folder (a seed
-# trained again ends the same or, where float rounding flips a sampled token, about a point apart, the size of the
-# noise the paired intervals already carry: results/learning-gain-values/README.md). Further arguments go to `tracerl compare`:
+# trained again from the cached policy ended with the same numbers on both machines measured:
+# results/learning-gain-values/README.md). Further arguments go to `tracerl compare`:
 # `--jobs 16` trains 16 runs at a time (one core each), `--report-only` writes the report alone.
 # The runs go to runs/learning-gain/<table>/ and the report (compare.md, compare.json, plots) is copied to
 # benchmarks/results/learning-gain-<table>/. On the 2-core CPU machine one run of 24 steps with its 4 evaluations
