@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tracerl.io.runlog import read_metrics
-from tracerl.train.compare import run_compare
+from tracerl.train.compare import format_seeds, parse_seeds, run_compare
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -13,7 +13,7 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
                  "run.tensorboard=false"]
     report = run_compare(["grpo", "trace"], [0], tmp_path, overrides=overrides, say=lambda m: None)
     lines = [line for line in report.splitlines() if line.startswith("| grpo") or line.startswith("| trace")]
-    assert len(lines) == 3 and "tracerl compare --methods grpo,trace --seeds 0" in report  # trace: 2 tables
+    assert len(lines) == 3 and "tracerl compare --methods grpo,trace --seeds 0-0 " in report  # trace: 2 tables
     summary = json.loads((tmp_path / "compare.json").read_text())
     budget = 4 * 4  # allocation.num_prompts x rollouts_per_prompt in tiny_overrides
     for method in ("grpo", "trace"):
@@ -48,3 +48,9 @@ def test_parallel_compare_trains_the_same_runs_as_the_sequential_one(tiny_overri
         assert any("train/pg_loss" in r for r in rows[0]) and any("eval/per_prompt" in r for r in rows[0])
     with pytest.raises(ValueError, match="--jobs 0"):
         run_compare(["grpo"], [0], tmp_path / "three", overrides=overrides, jobs=0)
+
+
+@pytest.mark.parametrize("seeds", [[0], [3], [0, 3], [2, 3, 4], [0, 1, 2, 3, 4]])
+def test_the_reports_seed_list_reads_back_as_the_same_seeds(seeds):
+    """The report's command must rerun the same seeds: a lone "0" would be a count of none, a lone "3" seeds 0-2."""
+    assert parse_seeds(format_seeds(seeds)) == seeds

@@ -76,6 +76,12 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(set(seeds))
 
 
+def format_seeds(seeds: Sequence[int]) -> str:
+    """What `parse_seeds` reads back as `seeds`: a list, and one seed k as the range "k-k" ("k" alone is a count)."""
+    seeds = sorted(set(seeds))
+    return f"{seeds[0]}-{seeds[0]}" if len(seeds) == 1 else ",".join(map(str, seeds))
+
+
 def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
                 overrides: Sequence[str] = (), say: Say = print, baseline: str = "grpo",
                 report_only: bool = False, all_seeds: Sequence[int] | None = None, jobs: int = 1) -> str:
@@ -103,8 +109,8 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                 say(f"  held-out success {result['before']['eval/success']:.1%} -> "
                     f"{result['after']['eval/success']:.1%}")
     labels = [label for label, _, _ in entries]
-    command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds "
-               + ",".join(map(str, all_seeds or seeds)) + (f" --config {config_path}" if config_path else "")
+    command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds {format_seeds(all_seeds or seeds)}"
+               + (f" --config {config_path}" if config_path else "")
                + "".join(f" --set {shlex.quote(o)}" for o in overrides) + f" --baseline {baseline}")
     return write_report(out, labels, list(all_seeds or seeds), baseline, command, say)
 
