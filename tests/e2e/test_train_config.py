@@ -84,15 +84,18 @@ def test_cli_reports_config_errors_without_a_traceback(capsys):
 def test_a_run_directory_is_never_overwritten_and_resume_keeps_the_config(tmp_path):
     import json
 
-    from tracerl.train.trainer import run_training
+    from tracerl.train.trainer import _check_run_dir, run_training
 
     config = load_config(None, [f"run.out_dir={tmp_path}"])
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="already holds a run; pass --resume"):
         run_training(config)
     (tmp_path / "config.json").write_text(json.dumps(load_config(None, ["optim.lr=0.1"]).to_dict()))
-    with pytest.raises(ValueError, match=r"differs from .*config.json in \['optim.lr', 'run.out_dir'\]"):
+    with pytest.raises(ValueError, match=r"differs from .*config.json in \['optim.lr'\]"):
         run_training(config, resume=True)
+    # a run folder copied from elsewhere (its saved out_dir names the old place) resumes where it now is
+    (tmp_path / "config.json").write_text(json.dumps(load_config(None, ["run.out_dir=/elsewhere/run"]).to_dict()))
+    _check_run_dir(config, resume=True)
 
 
 def test_a_hub_id_passes_the_config_and_fails_clearly_when_it_cannot_be_loaded(monkeypatch, tmp_path):

@@ -424,9 +424,10 @@ def write_report(run_dir: Path, say: Say | None) -> str | None:
 # where workers run, not what they sample); run.executor and run.num_workers may not (each worker samples its share
 # of a step's prompts with its own seed, so the split and the seeds follow them). policy.device may, so that a run
 # saved on a GPU resumes on a CPU: the algorithm is the same, but float rounding and the sampler's random stream
-# differ between devices, so only a resume on the same device repeats the uninterrupted run exactly.
+# differ between devices, so only a resume on the same device repeats the uninterrupted run exactly. run.out_dir may:
+# a run folder moved or copied elsewhere (a comparison's runs gathered from several machines) is the same run.
 RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every",
-                     "run.ray_address", "policy.device")
+                     "run.ray_address", "policy.device", "run.out_dir")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
