@@ -15,7 +15,8 @@
 A user's task (`build_embedded(..., domain=UserTaskDomain)`, docs/tasks.md) replaces steps 1-2's world and expert
 with the task's rows and expert; a noisy turn is then the expert's turn for another row.
 Everything lands in `cache_dir/<hash of the config>/`, written to a temporary folder and renamed into place, so
-a half-written build is never loaded; later calls load it.
+a half-written build is never loaded; later calls load it, and so does the building call before it returns (the
+model left in memory by training has the same logits but not bit-identical gradients).
 
 Why this task: an allocator needs prompts that differ, for reasons the prompt and the transcript show. With little
 imitation noise (2%) failures are systematic rather than per-turn coin flips: the default build's starting policy,
