@@ -14,7 +14,8 @@
 # SEEDS is a count (5: seeds 0..4), a list (0,3) or a range (2-4); a run already finished is not trained again, so
 # the table can be grown a few seeds at a time, and runs trained elsewhere can be dropped into the folder (a moved
 # run resumes where it now is; on another machine or torch build the same seed can end on another path, 5 of 20
-# runs in results/learning-gain-methods/README.md, so a table's entries are best trained on one machine). Further arguments go to `tracerl compare`:
+# runs in results/learning-gain-methods/README.md, so a table's entries are best trained on one machine). Further
+# arguments go to `tracerl compare`:
 # `--jobs 16` trains 16 runs at a time (one core each), `--report-only` writes the report alone.
 # The runs go to runs/learning-gain/<table>/ and the report (compare.md, compare.json, plots) is copied to
 # benchmarks/results/learning-gain-<table>/. On the 2-core CPU machine one run of 24 steps with its 4 evaluations

@@ -370,10 +370,7 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar would break tracerl's own progress bar
     _save(policy, metrics)
     say(f"saved the embedded policy to {path} ({metrics['sys/build_seconds']:.0f} s)")
-    # the saved policy, loaded as every later call loads it: the model trained in memory gives the same logits but
-    # not bit-identical gradients, so a run in the process that built the policy would drift from the same run
-    # started later (a sampled token flips after some steps)
-    return load_embedded(path, domain if user_task else None)
+    return load_embedded(path, domain if user_task else None)  # as later calls load it (module docstring)
 
 
 def _save(policy: EmbeddedPolicy, metrics: dict[str, Any]) -> None:

@@ -108,11 +108,11 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                 initial = result["before"]
                 say(f"  held-out success {result['before']['eval/success']:.1%} -> "
                     f"{result['after']['eval/success']:.1%}")
-    labels = [label for label, _, _ in entries]
-    command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds {format_seeds(all_seeds or seeds)}"
+    labels, report_seeds = [label for label, _, _ in entries], list(all_seeds or seeds)
+    command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds {format_seeds(report_seeds)}"
                + (f" --config {config_path}" if config_path else "")
                + "".join(f" --set {shlex.quote(o)}" for o in overrides) + f" --baseline {baseline}")
-    return write_report(out, labels, list(all_seeds or seeds), baseline, command, say)
+    return write_report(out, labels, report_seeds, baseline, command, say)
 
 
 def _train_one(config) -> tuple[float, float]:
