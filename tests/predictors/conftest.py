@@ -1,8 +1,6 @@
 """Fixtures for the neural predictors: tiny local encoder / causal-LM directories built from configs (no download).
 
-Importing `tracerl.predictors` registers "minilm_head" and "lm_value" in the global registry. Other test folders
-assert the registry's exact contents, so the registration is undone right after import here and redone only for
-the duration of each test in this folder.
+The registry names the neural predictors by "module:attr"; nothing is registered on import, so nothing is undone here.
 """
 
 from __future__ import annotations
@@ -12,27 +10,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="the neural predictors need torch: pip install -e '.[neural]'")
 pytest.importorskip("transformers", reason="the neural predictors need transformers: pip install -e '.[neural]'")
 
-from tracerl.core.predictor import PREDICTORS  # noqa: E402
-
-_BEFORE = dict(PREDICTORS)
-import tracerl.predictors  # noqa: E402,F401  (registers, then we undo it below)
-
-NEURAL = {name: PREDICTORS[name] for name in ("minilm_head", "lm_value")}
-PREDICTORS.clear()
-PREDICTORS.update(_BEFORE)
-
 TEXTS = [f"task family {i % 5} level plus{i % 7} item {i}\nthink call tool {i % 4}\nresult ok" for i in range(40)]
 
 
 @pytest.fixture(autouse=True)
-def neural_registered():
-    """Register the neural predictors for this test only; restore the registry afterwards."""
-    saved = dict(PREDICTORS)
-    PREDICTORS.update(NEURAL)
+def one_thread():
     torch.set_num_threads(1)
-    yield
-    PREDICTORS.clear()
-    PREDICTORS.update(saved)
 
 
 @pytest.fixture(scope="session")

@@ -1,28 +1,24 @@
-"""Registration on import, the core's unknown-name hint, and `tracerl bench predictors` end to end (small)."""
+"""The registry by name resolves the neural predictors, the core's unknown-name message, and `tracerl bench
+predictors` end to end (small)."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
 import pytest
 
-from tracerl.core.predictor import PREDICTORS, make_predictor
+from tracerl.core.predictor import PREDICTORS, make_predictor, predictor_class
 
 
-def test_importing_the_package_registers_both(monkeypatch):
-    import tracerl.predictors
-
-    for name in ("minilm_head", "lm_value"):
-        monkeypatch.delitem(PREDICTORS, name)
-    importlib.reload(tracerl.predictors)
-    assert PREDICTORS["minilm_head"].__name__ == "EncoderHeadPredictor"
-    assert PREDICTORS["lm_value"].__name__ == "LMValuePredictor"
+def test_the_registry_names_resolve_to_the_neural_classes_without_importing_the_package_first():
+    assert predictor_class("minilm_head").__name__ == "EncoderHeadPredictor"
+    assert predictor_class("lm_value").__name__ == "LMValuePredictor"
+    assert PREDICTORS["lm_value"] == "tracerl.predictors.lm_value:LMValuePredictor"
 
 
-def test_unknown_name_points_at_the_neural_package():
-    with pytest.raises(ValueError, match="import tracerl.predictors"):
+def test_unknown_name_lists_every_predictor():
+    with pytest.raises(ValueError, match="known predictors: constant, hashed_logistic, lm_value, minilm_head, oracle"):
         make_predictor("no_such_predictor")
 
 
@@ -44,7 +40,7 @@ def test_bench_on_the_simulator(tmp_path):
 
 def test_bench_replays_a_runs_saved_trees(tmp_path):
     from tracerl.bench.predictors import PredictorBenchConfig, record_run, record_simulator
-    from tracerl.core.allocation import BudgetLedger
+    from tracerl.core.ledger import make_prices
     from tracerl.core.growth import grow_trees
     from tracerl.core.methods import get_method
     from tracerl.core.simulator import Simulator
@@ -56,8 +52,7 @@ def test_bench_replays_a_runs_saved_trees(tmp_path):
     for step in range(2):
         pool = sim.set_pool(np.arange(step * alloc.pool_size, (step + 1) * alloc.pool_size))
         grown = grow_trees(get_method("grpo"), alloc, pool, None, sim,
-                           BudgetLedger(alloc.budget, continuation_cost=alloc.continuation_cost),
-                           np.random.default_rng(step))
+                           make_prices(alloc).ledger(), np.random.default_rng(step), make_prices(alloc))
         write_trees(tmp_path, step, {"trees": [t.to_dict() for t in grown.trees]})
         expected.append(grown.trees)
     steps = record_run(tmp_path)

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("reasoning_gym")
 
-from tracerl.core.allocation import BudgetLedger  # noqa: E402
+from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.growth import grow_trees  # noqa: E402
 from tracerl.core.methods import AllocationConfig, get_method  # noqa: E402
 from tracerl.io.domains.math import MathDomain  # noqa: E402
@@ -51,9 +51,10 @@ def test_hostile_code_is_contained_and_the_step_completes(renderer, tmp_path):
     driver = ReActDriver(engine, renderer, DOMAIN, limits=DriverLimits(max_turns=4))
     pool = driver.set_rows(ROWS[:8])
     config = AllocationConfig(num_prompts=2, rollouts_per_prompt=4, pool_factor=4, expand_rounds=1)
-    ledger = BudgetLedger(config.budget, continuation_cost=config.continuation_cost)
+    prices = make_prices(config)
+    ledger = prices.ledger()
     grown = grow_trees(get_method("trace"), config, pool, lambda hs: np.full(len(hs), 0.5), driver, ledger,
-                       np.random.default_rng(0))
+                       np.random.default_rng(0), prices)
     assert os.getpid() and grown.trees, "the step completed in this process"
     assert driver.counters["rollout/tool_errors"] > 0
     assert sentinel.read_text() == "host file" and not target.exists()

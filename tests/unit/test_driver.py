@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
-from tracerl.core.allocation import BudgetLedger  # noqa: E402
+from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.growth import grow_trees  # noqa: E402
 from tracerl.core.methods import AllocationConfig, get_method  # noqa: E402
 from tracerl.io.domains.funcall import FuncallDomain, FuncallEnv  # noqa: E402
@@ -95,9 +95,10 @@ def test_a_whole_trace_step_runs_on_the_driver(renderer):
     driver = ReActDriver(expert_engine(renderer, ROWS, DOMAIN, noise=0.4), renderer, DOMAIN)
     pool = driver.set_rows(ROWS[:16])
     config = AllocationConfig(num_prompts=4, rollouts_per_prompt=4, pool_factor=4)
-    ledger = BudgetLedger(config.budget, continuation_cost=config.continuation_cost)
+    prices = make_prices(config)
+    ledger = prices.ledger()
     grown = grow_trees(get_method("trace"), config, pool, lambda hs: np.full(len(hs), 0.5), driver, ledger,
-                       np.random.default_rng(0))
+                       np.random.default_rng(0), prices)
     assert ledger.units_spent <= config.budget
     assert ledger.tokens_spent > 0 and grown.trees
 

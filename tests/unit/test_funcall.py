@@ -168,10 +168,10 @@ def test_snapshot_restore_resumes_the_exact_api_state():
 
 
 def test_state_features_count_the_executed_calls_from_the_transcript_only():
-    from tracerl.core.features import state_features
     from tracerl.core.history import History
 
     domain = FuncallDomain()
+    state_features = domain.state_features
     row = domain.rows("test", 1, seed=3)[0]
     env, turns, parts = domain.make_env(), [], [row["prompt"][-1]["content"]]
     env.reset(row)

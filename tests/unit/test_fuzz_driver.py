@@ -103,14 +103,14 @@ class TimedDomain:
         step = env.step
 
         def timed(text):
-            started = time.perf_counter()
+            started = time.thread_time()
             try:
                 return step(text)
             except Exception:
                 outer.raised += 1
                 raise
             finally:
-                outer.seconds.append(time.perf_counter() - started)
+                outer.seconds.append(time.thread_time() - started)
         env.step = timed
         return env
 
@@ -184,10 +184,10 @@ def test_ten_thousand_adversarial_turns_never_raise_or_stall(renderer):
 
 def test_parsers_and_scorers_are_linear_on_bait():
     for text in ["\\frac{" + " " * 19_000, "\\frac{1" + " 1" * 9_000, "\\frac {" + "9 " * 9000 + "}{3"]:
-        started = time.perf_counter()
+        started = time.thread_time()
         numeric_match(text, "3")
         parse_number(text * 5)
-        assert time.perf_counter() - started < 0.5, f"scoring {text[:20]!r}... is super-linear"
+        assert time.thread_time() - started < 0.5, f"scoring {text[:20]!r}... is super-linear"
     action = parse_action('<tool_call>{"name": "f", "arguments": {"n": %s}}</tool_call>' % ("7" * 5000))
     assert action.kind == "invalid" and "digits" in action.error
     assert parse_action('<tool_call>{"name": "f", "arguments": "{\\"n\\": NaN}"}</tool_call>').kind == "invalid"

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from tracerl.core.allocation import BudgetLedger
-from tracerl.core.growth import grow_trees, intermediate_nodes, split_whole
+from tracerl.core.growth import grow_trees, intermediate_nodes
+from tracerl.core.ledger import make_prices, split_whole
 from tracerl.core.methods import METHODS, AllocationConfig, get_method, pcl_roots, uniform_roots
 from tracerl.core.simulator import SimConfig, Simulator
 from tracerl.core.tree import Segment, Tree
@@ -17,8 +17,9 @@ def oracle(histories):
 def one_step(method_name, config=CONFIG, seed=0):
     sim = Simulator(SimConfig(num_prompts=256), seed=seed)
     pool = sim.set_pool(np.arange(config.pool_size))
-    ledger = BudgetLedger(config.budget, continuation_cost=config.continuation_cost)
-    grown = grow_trees(get_method(method_name), config, pool, oracle, sim, ledger, np.random.default_rng(seed))
+    prices = make_prices(config)
+    ledger = prices.ledger()
+    grown = grow_trees(get_method(method_name), config, pool, oracle, sim, ledger, np.random.default_rng(seed), prices)
     return grown, ledger
 
 

@@ -6,20 +6,20 @@ import json
 
 import pytest
 
-from tracerl.core.allocation import BudgetExceeded, BudgetLedger
+from tracerl.core.ledger import BudgetExceeded, BudgetLedger
 
 
 def test_charges_add_up_and_overspending_is_refused():
     ledger = BudgetLedger(10.0)
     ledger.charge(6.0, tokens=600, kind="root")
     ledger.charge(3.5, kind="prefix")
-    assert ledger.units_spent == 9.5 and ledger.units_left == 0.5
+    assert ledger.units_spent == 9.5 and ledger.budget_left == 0.5
     assert ledger.can_afford(0.5) and not ledger.can_afford(0.6)
     with pytest.raises(BudgetExceeded, match=r"1\.0 units.*0\.5 of 10\.0 units left"):
         ledger.charge(1.0, kind="prefix")
     assert ledger.units_spent == 9.5  # a refused charge changes nothing
     ledger.charge(0.5 + 1e-12)  # float noise is tolerated
-    assert ledger.units_left == 0.0
+    assert ledger.budget_left == 0.0
 
 
 def test_rollout_cost():
@@ -47,7 +47,7 @@ def test_kinds_are_tracked_separately():
 
 
 def test_token_cap():
-    ledger = BudgetLedger(100.0, total_tokens=1000)
+    ledger = BudgetLedger(100.0, token_cap=1000)
     ledger.charge(1.0, tokens=900)
     ledger.charge_tokens(300)  # tokens are counted after the fact, never refused
     assert ledger.tokens_spent == 1200
@@ -57,22 +57,22 @@ def test_token_cap():
 
 
 def test_state_dict_round_trip_is_exact_and_json_safe():
-    ledger = BudgetLedger(33.3, total_tokens=10 ** 6, continuation_cost=0.3)
+    ledger = BudgetLedger(33.3, token_cap=10 ** 6, continuation_cost=0.3)
     for i in range(7):
         ledger.charge(0.1 * (i + 1), tokens=13 * i, kind=("root", "prefix")[i % 2])
     state = json.loads(json.dumps(ledger.state_dict()))
     again = BudgetLedger.from_state_dict(state)
     assert again.state_dict() == ledger.state_dict()
-    assert again.units_spent == ledger.units_spent and again.units_left == ledger.units_left
+    assert again.units_spent == ledger.units_spent and again.budget_left == ledger.budget_left
     with pytest.raises(BudgetExceeded):
-        again.charge(again.units_left + 0.1)
+        again.charge(again.budget_left + 0.1)
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(total_units=-1.0), "total_units"),
-    (dict(total_units=float("nan")), "total_units"),
-    (dict(total_units=5.0, total_tokens=-3), "total_tokens"),
-    (dict(total_units=5.0, continuation_cost=0.0), "continuation_cost"),
+    (dict(budget=-1.0), "budget"),
+    (dict(budget=float("nan")), "budget"),
+    (dict(budget=5.0, token_cap=-3), "token_cap"),
+    (dict(budget=5.0, continuation_cost=0.0), "continuation_cost"),
 ])
 def test_bad_ledger_settings(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -244,8 +244,10 @@ def test_expert_first_turn_is_a_python_call(domain, test_rows):
 
 
 def test_math_state_features_read_the_transcript_only():
-    from tracerl.core.features import state_features
     from tracerl.core.history import History
+    from tracerl.io.domains.math import MathDomain
+
+    state_features = MathDomain().state_features
 
     question = "Tom has 3 apples and buys 4 more. How many apples does he have?"
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(3 + 4)"}}</tool_call>'
@@ -261,8 +263,10 @@ def test_math_state_features_read_the_transcript_only():
 
 
 def test_math_state_features_survive_a_cut_off_call():
-    from tracerl.core.features import state_features
     from tracerl.core.history import History
+    from tracerl.io.domains.math import MathDomain
+
+    state_features = MathDomain().state_features
 
     cut = History('What is 2 + 2?\n<tool_call>{"name": "python", "arguments": {"code": "print(2', 1,
                   prompt_id="math:train:0")

@@ -396,9 +396,9 @@ def gappy():
 
 
 def test_state_features_replay_the_chain_from_the_transcript(gappy):
-    from tracerl.core.features import state_features
     from tracerl.io.domains.multihop import parse_question
 
+    state_features = gappy.state_features
     rows = gappy.rows("train", 40, seed=3)
     for row in rows:
         info = row["extra_info"]
@@ -418,8 +418,7 @@ def test_state_features_replay_the_chain_from_the_transcript(gappy):
 
 def test_state_features_never_read_the_gold_answer(gappy):
     """The hook sees a History only; changing the row's gold answer and path leaves the transcript and features."""
-    from tracerl.core.features import state_features
-
+    state_features = gappy.state_features
     for row in gappy.rows("train", 20, seed=4):
         forged = json.loads(json.dumps(row))
         forged["reward_model"]["ground_truth"] = "Nobody Atall"
@@ -428,6 +427,7 @@ def test_state_features_never_read_the_gold_answer(gappy):
         assert [h.text for h in a] == [h.text for h in b]
         assert [state_features(h) for h in a] == [state_features(h) for h in b]
     from tracerl.core.history import History
+    from tracerl.io.domains.math import MathDomain
 
-    assert state_features(History("Who is the mentor of Arlo Venn?", 0, prompt_id="other:train:1")) == {}, \
-        "a data source without a hook gets no state features"
+    assert MathDomain().state_features(History("Who is the mentor of Arlo Venn?", 0, prompt_id="math:train:1")) \
+        .get("hops=1") is None, "another domain's hook does not compute multihop's features"

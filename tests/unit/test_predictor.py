@@ -348,10 +348,10 @@ def test_oracle_predictor():
 
 
 def test_registry():
-    assert set(PREDICTORS) == {"hashed_logistic", "constant", "oracle"}
+    assert set(PREDICTORS) == {"hashed_logistic", "constant", "oracle", "minilm_head", "lm_value"}
     assert isinstance(make_predictor("constant", p=0.2), ConstantPredictor)
     assert make_predictor("hashed_logistic", seed=3).config()["seed"] == 3
-    with pytest.raises(ValueError, match="known predictors: constant, hashed_logistic, oracle"):
+    with pytest.raises(ValueError, match="known predictors: constant, hashed_logistic, lm_value, minilm_head, oracle"):
         make_predictor("nope")
 
 
@@ -397,45 +397,44 @@ def test_recalibration_keeps_a_calibrated_model_near_identity_and_round_trips():
 
 def test_state_features_get_columns_of_their_own_and_drive_predictions():
     """A domain hook's named features land in the state block; text that says nothing is then enough to rank."""
-    from tracerl.core.features import STATE_FEATURES, HashedFeatures, register_state_features
+    from tracerl.core.features import HashedFeatures
 
-    register_state_features("toystate", lambda h: {"on_track": 1.0} if "ok" in h.meta.get("tag", "") else
-                            {"off_track": 1.0})
-    try:
-        rng = np.random.default_rng(0)
-        tags = rng.random(600) < 0.5
-        histories = [History(f"step {i % 7} filler words", 1 + i % 3, prompt_id=f"toystate:train:{i}",
-                             meta={"tag": "ok" if t else "no"}) for i, t in enumerate(tags)]
-        feats = HashedFeatures(num_buckets=64, state_buckets=32)
-        x = feats.transform(histories[:2]).to_dense()
-        assert x.shape == (2, 64 + 5 + 32)
-        assert x[:, 69:].sum(axis=1).tolist() == [1.0, 1.0], "one state column per history"
-        assert HashedFeatures(num_buckets=64).transform(histories[:2]).num_cols == 69, "state_buckets=0: no block"
-        targets = np.where(tags, 0.8, 0.1)
-        with_state = make_predictor("hashed_logistic", num_buckets=64, state_buckets=32, seed=0)
-        text_only = make_predictor("hashed_logistic", num_buckets=64, state_buckets=0, seed=0)
-        for p in (with_state, text_only):
-            for step in range(8):  # eight steps of 50 fresh samples, as a run feeds it
-                p.update(histories[50 * step: 50 * step + 50], targets[50 * step: 50 * step + 50])
-        held_out = (with_state.predict(histories[400:]), text_only.predict(histories[400:]))
-        gap = [float(p[tags[400:]].mean() - p[~tags[400:]].mean()) for p in held_out]
-        assert gap[0] > 0.4 and abs(gap[1]) < 0.1, gap
-    finally:
-        STATE_FEATURES.pop("toystate")
+    def hook(h):
+        return {"on_track": 1.0} if "ok" in h.meta.get("tag", "") else {"off_track": 1.0}
+
+    rng = np.random.default_rng(0)
+    tags = rng.random(600) < 0.5
+    histories = [History(f"step {i % 7} filler words", 1 + i % 3, prompt_id=f"toystate:train:{i}",
+                         meta={"tag": "ok" if t else "no"}) for i, t in enumerate(tags)]
+    feats = HashedFeatures(num_buckets=64, state_buckets=32, state_features=hook)
+    x = feats.transform(histories[:2]).to_dense()
+    assert x.shape == (2, 64 + 5 + 32)
+    assert x[:, 69:].sum(axis=1).tolist() == [1.0, 1.0], "one state column per history"
+    assert HashedFeatures(num_buckets=64, state_features=hook).transform(histories[:2]).num_cols == 69, \
+        "state_buckets=0: no block"
+    assert HashedFeatures(num_buckets=64, state_buckets=32).transform(histories[:2]).to_dense()[:, 69:].sum() == 0, \
+        "no hook handed in: an empty state block"
+    targets = np.where(tags, 0.8, 0.1)
+    with_state = make_predictor("hashed_logistic", num_buckets=64, state_buckets=32, seed=0, state_features=hook)
+    text_only = make_predictor("hashed_logistic", num_buckets=64, state_buckets=0, seed=0)
+    for p in (with_state, text_only):
+        for step in range(8):  # eight steps of 50 fresh samples, as a run feeds it
+            p.update(histories[50 * step: 50 * step + 50], targets[50 * step: 50 * step + 50])
+    held_out = (with_state.predict(histories[400:]), text_only.predict(histories[400:]))
+    gap = [float(p[tags[400:]].mean() - p[~tags[400:]].mean()) for p in held_out]
+    assert gap[0] > 0.4 and abs(gap[1]) < 0.1, gap
 
 
-def test_registered_state_hooks_take_any_model_text():
+def test_domain_state_hooks_take_any_model_text():
     """Bad model output is data: every domain's hook returns features for garbage, cut-off calls and empty text."""
-    import tracerl.io.domains.funcall  # noqa: F401  (registers the hooks)
-    import tracerl.io.domains.math  # noqa: F401
-    import tracerl.io.domains.multihop  # noqa: F401
-    from tracerl.core.features import state_features
+    from tracerl.io.domains import make_domain
 
     rng = np.random.default_rng(0)
     alphabet = list("ab <>/{}\":\n?") + ["<tool_call>", "</tool_call>", "error:", "Who is the mentor of ", "Error"]
     texts = ["", "\n", "<tool_call>", "Who is the mentor of Arlo Venn?\n<tool_call>{\"name\": \"search\""]
     texts += ["".join(rng.choice(alphabet, size=int(rng.integers(1, 40)))) for _ in range(200)]
-    for source in ("multihop", "math/chain_sum", "funcall"):
+    for source in ("multihop", "math", "funcall"):
+        state_features = make_domain(source).state_features
         for depth, text in enumerate(texts):
             out = state_features(History(text, depth % 5, prompt_id=f"{source}:train:0"))
             assert all(isinstance(v, float) for v in out.values()), (source, text)

@@ -6,22 +6,22 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tracerl.core.growth import TokenEstimate
+from tracerl.core.ledger import TokenEstimate, TokenPrices, make_ledger, make_prices
 from tracerl.core.methods import METHODS, AllocationConfig, get_method
 from tracerl.core.metrics import ratios
 from tracerl.core.predictor import OraclePredictor
 from tracerl.core.simulator import SimConfig, Simulator
-from tracerl.core.step import PromptPool, make_ledger, run_step
+from tracerl.core.step import PromptPool, Sampler, run_step
 
 CONFIG = AllocationConfig(num_prompts=8, rollouts_per_prompt=4, pool_factor=4, m_max=8)
 ORACLE = OraclePredictor(lambda hs: np.array([h.meta["true_p"] for h in hs]))
 
 
-def step(name, config=CONFIG, seed=0, tokens=None):
+def step(name, config=CONFIG, seed=0, prices=None):
     sim = Simulator(SimConfig(num_prompts=256), seed=seed)
     pool = sim.set_pool(np.arange(config.pool_size))
     return run_step(get_method(name), config, pool, sim, np.random.default_rng(seed), predictor=ORACLE,
-                    tokens=tokens)
+                    prices=prices)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -65,13 +65,14 @@ def test_pool_cycles_every_prompt_then_reshuffles_and_resumes():
 @pytest.mark.parametrize("name", ["grpo", "pcl", "treepo", "trace", "trace-uniform-prefix", "trace-uniform"])
 def test_token_budget_is_spent_within_budget(name):
     config = replace(CONFIG, budget_unit="tokens", token_budget=20_000, default_rollout_tokens=300)
-    tokens = TokenEstimate(config.default_rollout_tokens)
+    prices = make_prices(config)
+    assert isinstance(prices, TokenPrices)
     for s in range(3):  # the estimate learns from each step
-        result = step(name, config, seed=s, tokens=tokens)
+        result = step(name, config, seed=s, prices=prices)
         m = result.metrics
         assert m["alloc/cost_root"] + m.get("alloc/cost_prefix", 0.0) <= 20_000 + 1e-6
         assert m["alloc/cost_root"] > 0 and m["rollout/units"] > 0
-    assert tokens.total[1] > 0 and tokens.per_prompt
+    assert prices.tokens.total[1] > 0 and prices.tokens.per_prompt
 
 
 def test_token_cap_stops_stage2():
@@ -110,8 +111,41 @@ def test_token_estimate_falls_back_to_the_run_mean_then_the_default():
 
 def test_ledger_from_config():
     ledger = make_ledger(replace(CONFIG, budget_unit="tokens", token_budget=500, token_cap=900))
-    assert (ledger.total_units, ledger.total_tokens, ledger.unit) == (500.0, 900, "tokens")
-    assert make_ledger(CONFIG).total_units == CONFIG.budget
+    assert (ledger.budget, ledger.token_cap, ledger.unit) == (500.0, 900, "tokens")
+    assert make_ledger(CONFIG).budget == CONFIG.budget
+    assert make_ledger(replace(CONFIG, budget_unit="tokens", default_rollout_tokens=10)).budget == CONFIG.budget * 10
+
+
+def test_sampler_resumes_what_an_uninterrupted_sampler_samples():
+    """Two samplers with one seed: one steps 4 times; the other steps twice, is saved through its state_dict into a
+    third, which steps twice more. Pools, grants, trees and predictor state agree, in units and in tokens."""
+    import json
+
+    from tracerl.core.predictor import make_predictor
+    from tracerl.io.state import load_state, save_state
+
+    for config in (CONFIG, replace(CONFIG, budget_unit="tokens", token_budget=9_000)):
+        def sampler():
+            return Sampler(get_method("trace"), config, 256, seed=5, predictor=make_predictor("hashed_logistic",
+                                                                                               seed=5))
+
+        def run(s, steps, sim):
+            out = []
+            for _ in range(steps):
+                indices = s.next_pool()
+                result = s.step(sim.set_pool(indices), sim)
+                out.append((indices.tolist(), result.growth.root_counts.tolist(),
+                            [t.to_json() for t in result.trees], result.metrics["rollout/tokens"]))
+            return out
+
+        whole = run(sampler(), 4, Simulator(SimConfig(num_prompts=256), seed=1))
+        sim = Simulator(SimConfig(num_prompts=256), seed=1)
+        first = sampler()
+        head = run(first, 2, sim)
+        saved = json.loads(json.dumps(first.state_dict(), default=lambda a: a.tolist()))
+        resumed = sampler()
+        resumed.load_state_dict(saved)
+        assert head + run(resumed, 2, sim) == whole, f"budget_unit={config.budget_unit}"
 
 
 def test_bench_alloc_takes_set_and_runs_in_tokens(capsys):

@@ -1,8 +1,8 @@
 """`tracerl bench alloc`: every method on the simulator at equal budget, the predictor learning online.
 
-Each method gets a fresh simulator and predictor built from the same seed, so all methods see the
-same prompt set, the same pools in the same order and the same policy drift; only the way the
-budget is spent differs. Measures are pooled over the steps after `warmup_steps` as ratios of sums.
+Each method gets a fresh simulator and `Sampler` built from the same seed (the trainer's convention), so all methods
+see the same prompt set, the same pools in the same order and the same policy drift; only the way the budget is
+spent differs. Measures are pooled over the steps after `warmup_steps` as ratios of sums.
 Also times stage 1 alone at scale (`stage1_scale`).
 """
 
@@ -15,12 +15,11 @@ import numpy as np
 
 from tracerl.core.allocation import solve_roots
 from tracerl.core.calibration import calibration_metrics
-from tracerl.core.growth import TokenEstimate
 from tracerl.core.methods import METHODS, AllocationConfig, get_method
 from tracerl.core.metrics import pool_counts, ratios
 from tracerl.core.predictor import OraclePredictor, make_predictor
 from tracerl.core.simulator import SimConfig, Simulator
-from tracerl.core.step import PromptPool, run_step
+from tracerl.core.step import Sampler
 
 DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace", "trace-root-only", "trace-prefix-only", "trace-oracle",
                    "trace-uniform-prefix", "trace[knapsack_rl]", "trace[nonzero_adv]")
@@ -54,21 +53,17 @@ def run_method(name: str, cfg: AllocBenchConfig) -> dict[str, float]:
     method_name, alloc = _parse(name, cfg.allocation)
     method = get_method(method_name)
     sim = Simulator(cfg.sim, seed=cfg.seed)
-    alloc_rng = np.random.default_rng(cfg.seed + 3)
     if method.predictor == "oracle":
         predictor = OraclePredictor(lambda hs: np.array([h.meta["true_p"] for h in hs]))
     else:
         predictor = make_predictor(cfg.predictor, seed=cfg.seed, **cfg.predictor_options)
-    uses_p = method.predictor != "none"
-    pool = PromptPool(cfg.sim.num_prompts, alloc.pool_size, np.random.default_rng(cfg.seed + 2))
-    tokens = TokenEstimate(alloc.default_rollout_tokens) if alloc.budget_unit == "tokens" else None
+    sampler = Sampler(method, alloc, cfg.sim.num_prompts, cfg.seed, predictor=predictor)
     kept_counts, kept_p, kept_t, kept_w = [], [], [], []
     seconds = {"predict": 0.0, "allocate": 0.0, "update": 0.0, "step": 0.0}
     units = tokens_spent = 0.0
     for step in range(cfg.num_steps):
         t_step = time.perf_counter()
-        result = run_step(method, alloc, sim.set_pool(pool.next()), sim, alloc_rng,
-                          predictor=predictor if uses_p else None, tokens=tokens)
+        result = sampler.step(sim.set_pool(sampler.next_pool()), sim)
         for key in ("predict", "allocate", "update"):
             seconds[key] += result.seconds[key]
         seconds["step"] += time.perf_counter() - t_step

@@ -36,7 +36,7 @@ from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.metrics import predictor_targets
 from tracerl.core.predictor import make_predictor
 from tracerl.core.simulator import SimConfig, Simulator
-from tracerl.core.step import PromptPool, run_step
+from tracerl.core.step import Sampler
 from tracerl.core.tree import Tree
 
 DEFAULT_PREDICTORS = ("constant", "hashed_logistic", "minilm_head", "lm_value")
@@ -59,14 +59,12 @@ class PredictorBenchConfig:
 
 def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
     """`num_steps` steps of `cfg.method` on the simulator, allocation steered by the numpy predictor."""
-    method, alloc = get_method(cfg.method), cfg.allocation
     sim = Simulator(cfg.sim, seed=cfg.seed)
-    pool, alloc_rng = PromptPool(cfg.sim.num_prompts, alloc.pool_size, np.random.default_rng(cfg.seed + 2)), \
-        np.random.default_rng(cfg.seed + 3)
-    steering = make_predictor("hashed_logistic", seed=cfg.seed, l2=1e-3)
+    sampler = Sampler(get_method(cfg.method), cfg.allocation, cfg.sim.num_prompts, cfg.seed,
+                      predictor=make_predictor("hashed_logistic", seed=cfg.seed, l2=1e-3))
     steps = []
     for _ in range(cfg.num_steps):
-        result = run_step(method, alloc, sim.set_pool(pool.next()), sim, alloc_rng, predictor=steering)
+        result = sampler.step(sim.set_pool(sampler.next_pool()), sim)
         steps.append(result.targets if result.targets is not None else predictor_targets(result.trees))
         sim.advance()
     return steps
@@ -74,7 +72,6 @@ def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
 
 def record_run(run_dir: str | Path) -> list[Step]:
     """Every step's saved trees of a training run (`<run_dir>/trees/step-*.json.gz`), in step order."""
-    import tracerl.io.domains.multihop  # noqa: F401  (registers its state features for the predictors)
     from tracerl.io.runlog import TREES_DIR, read_trees
 
     files = sorted((Path(run_dir) / TREES_DIR).glob("step-*.json.gz"))
@@ -135,21 +132,39 @@ def evaluate(predictor, steps: list[Step], warmup_steps: int) -> dict[str, float
     return row
 
 
+def _run_config(cfg: PredictorBenchConfig) -> dict[str, Any]:
+    """The recorded run's saved config (`<run_dir>/config.json`), or {} on the simulator."""
+    path = Path(cfg.run_dir) / "config.json" if cfg.run_dir else None
+    if path is None or not path.exists():
+        return {}
+    import json
+
+    return json.loads(path.read_text())
+
+
+def _state_features(cfg: PredictorBenchConfig):
+    """The recorded run's domain hook, as its trainer handed it to the predictor (None on the simulator, or for a
+    task of the user's own, whose code the bench does not load)."""
+    domain = _run_config(cfg).get("data", {}).get("domain", "multihop" if cfg.run_dir else None)
+    if domain is None or domain == "task":
+        return None
+    from tracerl.io.domains import make_domain
+
+    return make_domain(domain).state_features
+
+
 def _options(name: str, cfg: PredictorBenchConfig, lm_dir: Callable[[], Path]) -> dict[str, Any]:
     if name == "constant":
         return {"track_mean": True}
     if name == "hashed_logistic":
-        if cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists():  # the options the run trained it with
-            import json
-
-            trained = json.loads((Path(cfg.run_dir) / "config.json").read_text()).get("predictor", {})
-            if trained.get("name") == name:
-                return {**trained.get("options", {}), "seed": cfg.seed}
-        return {"seed": cfg.seed, "l2": 1e-3}  # the setting `tracerl bench alloc` uses
+        trained = _run_config(cfg).get("predictor", {})
+        if trained.get("name") == name:  # the options the run trained it with
+            return dict(trained.get("options", {}))
+        return {"l2": 1e-3}  # the setting `tracerl bench alloc` uses
     if name == "lm_value":
         path = str(lm_dir())
-        return {"model_path": path, "tokenizer_path": path, "seed": cfg.seed}
-    return {"seed": cfg.seed}
+        return {"model_path": path, "tokenizer_path": path}
+    return {}
 
 
 def run(cfg: PredictorBenchConfig, progress=None) -> dict:
@@ -158,8 +173,6 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
     neural = [n for n in cfg.predictors if n in ("minilm_head", "lm_value")]
     if neural:
         import torch
-
-        import tracerl.predictors  # noqa: F401  (registers the neural predictors)
 
         torch.set_num_threads(cfg.torch_threads)
     t0 = time.perf_counter()
@@ -178,9 +191,10 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
             return lm_path[0]
 
         rows = {}
+        hook = _state_features(cfg)
         for name in cfg.predictors:
             t0 = time.perf_counter()
-            predictor = make_predictor(name, **_options(name, cfg, lm_dir))
+            predictor = make_predictor(name, seed=cfg.seed, state_features=hook, **_options(name, cfg, lm_dir))
             build_seconds = time.perf_counter() - t0
             rows[name] = {**evaluate(predictor, steps, cfg.warmup_steps), "build_s": build_seconds}
             if progress:

@@ -1,5 +1,5 @@
 """Budget allocation: stage 1 (which prompts, how many fresh rollouts), stage 2 (which prefixes to
-continue, how often), and the ledger that counts what sampling costs.
+continue, how often). What sampling costs (units, tokens, the ledger) is `tracerl.core.ledger`'s.
 
 Stage 1 (docs/design.md, section 2). A prompt with predicted success v given m fresh rollouts is worth
 V(v, m), by default V_root(v, m) = 1 - v^m - (1 - v)^m, the chance that its rollouts are mixed. Choose
@@ -31,8 +31,6 @@ from tracerl.core.knapsack import solve_exact, solve_lagrangian
 AUTO_EXACT_CELLS = 2_000_000  # solver="auto" uses the DP when N * (B + 1) * #m is at most this
 AUTO_EXACT_PROMPTS = 4096  # ... and N is at most this (the DP loops over prompts in Python)
 _BULK_GRANTS = 4096  # stage 2 hands out increments in bulk before its heap when more could fit
-CONTINUATION_COST = 0.5  # default budget units of one continuation (a fresh rollout costs 1); written only here
-BUDGET_UNITS = ("units", "tokens")  # what a step's budget counts: trajectory units or expected sampled tokens
 
 
 def _powers(x: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -252,130 +250,6 @@ def split_budget(total: float, weights) -> np.ndarray:
         j = int(np.argmax(out))
         out[j] = max(0.0, out[j] - max(excess, math.ulp(out[j])))
     return out
-
-
-class BudgetExceeded(RuntimeError):
-    """A charge would spend more than the ledger holds."""
-
-
-class BudgetLedger:
-    """Owns what sampling costs: trajectory units (fresh rollout 1, continuation `continuation_cost`), sampled
-    tokens, and the budget they are charged against, per kind ("root", "prefix", "eval", ...).
-
-    The budget (`total_units`) is in `unit`: "units" charges each rollout its trajectory units; "tokens" charges
-    each rollout its *expected* sampled tokens (`charge(..., cost=...)`), so methods compare at equal sampled
-    tokens by construction while units are still counted for the measures. `total_tokens` caps the tokens
-    actually sampled: once reached, every further charge is refused. Refuses to overspend the budget."""
-
-    def __init__(self, total_units: float, total_tokens: int | None = None,
-                 continuation_cost: float = CONTINUATION_COST, *, unit: str = "units"):
-        self.total_units = _budget(total_units, "total_units")
-        self.total_tokens = None if total_tokens is None else _whole(total_tokens, "total_tokens")
-        if not (math.isfinite(continuation_cost) and continuation_cost > 0):
-            raise ValueError(f"continuation_cost={continuation_cost} must be a finite number > 0")
-        if unit not in BUDGET_UNITS:
-            raise ValueError(f"unit={unit!r}; use one of {BUDGET_UNITS}")
-        self.continuation_cost = float(continuation_cost)
-        self.unit = unit
-        self._units = 0.0
-        self._cost = 0.0  # charged against the budget, in `unit` (equals _units when unit == "units")
-        self._tokens = 0
-        self._by_kind: dict[str, dict[str, float]] = {}
-
-    def rollout_cost(self, continuation: bool) -> float:
-        """Units of one rollout: 1.0 fresh, `continuation_cost` when it continues a prefix."""
-        return self.continuation_cost if continuation else 1.0
-
-    def rollout_units(self, num_rollouts: float, continuation: bool) -> float:
-        """Trajectory units of `num_rollouts` rollouts of one kind."""
-        return float(num_rollouts) * self.rollout_cost(continuation)
-
-    @property
-    def units_spent(self) -> float:
-        return self._units
-
-    @property
-    def tokens_spent(self) -> int:
-        return self._tokens
-
-    @property
-    def budget_spent(self) -> float:
-        """What has been charged against the budget, in `unit`."""
-        return self._cost
-
-    @property
-    def units_left(self) -> float:
-        """What is left of the budget, in `unit` (trajectory units unless unit == "tokens")."""
-        return max(0.0, self.total_units - self._cost)
-
-    @property
-    def spent_by_kind(self) -> dict[str, dict[str, float]]:
-        return {k: dict(v) for k, v in self._by_kind.items()}
-
-    def split(self) -> dict[str, float]:
-        """The spend by kind as flat metric values: `units_root`, `tokens_prefix`, ... (and `cost_*` in tokens)."""
-        out = {}
-        for kind, entry in self._by_kind.items():
-            for key, value in entry.items():
-                out[f"{key}_{kind}"] = value
-        return out
-
-    def _tokens_exhausted(self) -> bool:
-        return self.total_tokens is not None and self._tokens >= self.total_tokens
-
-    def can_afford(self, units: float) -> bool:
-        """Whether a charge of `units` (in the budget's unit) fits and the token cap is not used up."""
-        return self._cost + units <= self.total_units + 1e-9 and not self._tokens_exhausted()
-
-    def charge(self, units: float, *, tokens: int = 0, kind: str = "root", cost: float | None = None) -> None:
-        """Spend `units` trajectory units (and record `tokens`) under `kind`. `cost` is what it takes from the
-        budget, in `unit`: `units` by default, required when unit == "tokens" (the expected sampled tokens).
-        BudgetExceeded if the cost does not fit or the token cap is already used up."""
-        if not (math.isfinite(units) and units >= 0):
-            raise ValueError(f"units={units} must be a finite number >= 0")
-        if cost is None:
-            if self.unit != "units":
-                raise ValueError(f"a ledger budgeted in {self.unit} needs the charge's cost in {self.unit}")
-            cost = units
-        if not (math.isfinite(cost) and cost >= 0):
-            raise ValueError(f"cost={cost} must be a finite number >= 0")
-        tokens = _whole(tokens, "tokens")
-        if self._cost + cost > self.total_units + 1e-9:
-            raise BudgetExceeded(f"{kind} charge of {cost} {self.unit} exceeds the budget: "
-                                 f"{self.units_left} of {self.total_units} {self.unit} left")
-        if self._tokens_exhausted():
-            raise BudgetExceeded(f"{kind} charge of {cost} {self.unit} refused: the token cap is used up "
-                                 f"({self._tokens} of {self.total_tokens} tokens spent)")
-        self._units += float(units)
-        self._cost += float(cost)
-        self._record(kind, float(units), tokens, float(cost))
-
-    def charge_tokens(self, tokens: int, kind: str = "root") -> None:
-        """Record tokens generated (known only afterwards). Never refuses: the tokens are already spent."""
-        self._record(kind, 0.0, _whole(tokens, "tokens"), 0.0)
-
-    def _record(self, kind: str, units: float, tokens: int, cost: float) -> None:
-        entry = self._by_kind.setdefault(str(kind), {"units": 0.0, "tokens": 0})
-        entry["units"] += units
-        entry["tokens"] += tokens
-        if self.unit != "units":
-            entry["cost"] = entry.get("cost", 0.0) + cost
-        self._tokens += tokens
-
-    def state_dict(self) -> dict:
-        return {"total_units": self.total_units, "total_tokens": self.total_tokens,
-                "continuation_cost": self.continuation_cost, "unit": self.unit, "units_spent": self._units,
-                "budget_spent": self._cost, "tokens_spent": self._tokens, "by_kind": self.spent_by_kind}
-
-    @classmethod
-    def from_state_dict(cls, d: dict) -> BudgetLedger:
-        ledger = cls(d["total_units"], d["total_tokens"], d["continuation_cost"], unit=d.get("unit", "units"))
-        ledger._units = float(d["units_spent"])
-        ledger._cost = float(d.get("budget_spent", d["units_spent"]))
-        ledger._tokens = int(d["tokens_spent"])
-        ledger._by_kind = {k: {key: (int(x) if key == "tokens" else float(x)) for key, x in v.items()}
-                           for k, v in d["by_kind"].items()}
-        return ledger
 
 
 # ---- input checks: user errors become ValueErrors that say what to change ----

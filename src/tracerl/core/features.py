@@ -25,9 +25,9 @@ A `History` becomes one sparse row of `num_buckets + NUM_STRUCTURAL` columns:
 * structural part (column `num_buckets + STRUCTURAL_COLUMNS.index(name)`, see `column`): `bias` = 1,
   `depth`, `num_tool_errors`, `log_tokens` = log1p(num_tokens), `is_root` = 1 if depth == 0 else 0.
 * state part (`state_buckets` columns after the structural ones, 0 by default): the named features a domain
-  computes from the history (`register_state_features`, keyed by the data source that starts the history's
-  `prompt_id`, e.g. multihop: hops remaining, the last search failed), each name hashed (FNV-1a, as a token) to
-  a column. Hashed text n-grams cannot compute such quantities (hops resolved needs the question's chain replayed
+  computes from the history (the domain's `state_features` hook, handed to the featuriser by whoever builds the
+  predictor, e.g. multihop: hops remaining, the last search failed), each name hashed (FNV-1a, as a token) to a
+  column. Hashed text n-grams cannot compute such quantities (hops resolved needs the question's chain replayed
   over the observations); a domain hook reads them from the question and transcript only, never the gold answer.
 
 Nothing uses Python's salted `hash()`: the same text gives the same columns in every process and on
@@ -53,23 +53,6 @@ from tracerl.core.history import History
 
 STRUCTURAL_COLUMNS = ("bias", "depth", "num_tool_errors", "log_tokens", "is_root")
 StateFeatures = Callable[[History], dict[str, float]]
-STATE_FEATURES: dict[str, StateFeatures] = {}  # data source -> hook; filled by the domains' modules on import
-
-
-def register_state_features(data_source: str, hook: StateFeatures) -> None:
-    """Let `hook(history) -> {name: value}` describe the state of `data_source`'s histories to the predictors.
-
-    The hook must read only what the policy sees (the history's text, depth, counts), never the gold answer."""
-    STATE_FEATURES[data_source] = hook
-
-
-def state_features(history: History) -> dict[str, float]:
-    """The registered hook's features for the history's data source (the `prompt_id` up to its first ':', or that
-    up to its first '/': "math/gsm_symbolic" falls back to "math"), or {}."""
-    source = history.prompt_id.split(":", 1)[0]
-    hook = STATE_FEATURES.get(source) or STATE_FEATURES.get(source.split("/", 1)[0])
-    return hook(history) if hook else {}
-
 NUM_STRUCTURAL = len(STRUCTURAL_COLUMNS)
 MAX_TOKEN_BYTES = 64  # longer tokens (base64 blobs, hashes) are hashed on their first 64 bytes
 
@@ -162,7 +145,8 @@ class HashedFeatures:
     """
 
     def __init__(self, num_buckets: int = 2**14, ngram: tuple[int, int] = (1, 2), seed: int = 0,
-                 norm_ngrams: int = 64, cache_size: int = 4096, state_buckets: int = 0):
+                 norm_ngrams: int = 64, cache_size: int = 4096, state_buckets: int = 0,
+                 state_features: StateFeatures | None = None):
         if not isinstance(num_buckets, (int, np.integer)) or not 1 <= num_buckets <= 2**24:
             raise ValueError(f"num_buckets={num_buckets!r}; use an int in [1, 2**24] (default 2**14)")
         ngram = tuple(int(n) for n in ngram)
@@ -182,6 +166,7 @@ class HashedFeatures:
         self.norm_ngrams = int(norm_ngrams)
         self.cache_size = int(cache_size)
         self.state_buckets = int(state_buckets)
+        self.state_features = state_features  # the domain's hook: history -> {name: value}; None = no state part
         self.num_cols = self.num_buckets + NUM_STRUCTURAL + self.state_buckets
         self._text_cache: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
@@ -234,7 +219,7 @@ class HashedFeatures:
 
     def state_part(self, history: History) -> tuple[np.ndarray, np.ndarray]:
         """(columns, values) of the history's named state features, summed per column (names hashed, sorted)."""
-        named = state_features(history) if self.state_buckets else {}
+        named = self.state_features(history) if (self.state_buckets and self.state_features) else {}
         if not named:
             return np.zeros(0, np.int32), np.zeros(0, np.float32)
         names = sorted(named)

@@ -4,9 +4,9 @@
 tree's share of the stage-2 budget) and `expand_trees` (stage 2 on given trees) are its two halves, public so
 that a caller that grows trees in several places (verl: stage 1 in the manager, one tree per worker) runs the
 same code. The sampling itself is done by a `RolloutRunner` (the simulator here, the ReAct driver with a real
-engine elsewhere), the probabilities come from any `predict` callable, and every cost is charged to a
-`BudgetLedger` first (in trajectory units, or in expected tokens with `budget_unit="tokens"`, priced by a
-`TokenEstimate`), so no method can overspend. Rewards, backup, predictor updates and advantages happen after
+engine elsewhere), the probabilities come from any `predict` callable, every price comes from a `Prices` object
+(`tracerl.core.ledger`: trajectory units or expected tokens; growth never asks which) and every cost is charged to
+the step's `BudgetLedger` first, so no method can overspend. Rewards, backup, predictor updates and advantages happen after
 (`tracerl.core.step`).
 
 Stage 2 runs per prompt by default: the prefix budget is split across prompts in proportion to their
@@ -23,8 +23,9 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from tracerl.core.allocation import BudgetLedger, root_value, split_budget
+from tracerl.core.allocation import root_value
 from tracerl.core.history import History
+from tracerl.core.ledger import BudgetLedger, Prices
 from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, MethodPreset
 from tracerl.core.tree import Tree
 
@@ -39,70 +40,6 @@ class RolloutRunner(Protocol):
 
     def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
         """For each (tree, node_id, k): grow k continuations from that node, in place."""
-
-
-class TokenEstimate:
-    """Expected sampled tokens of a rollout, for budgets in tokens, learned from fresh (stage-1) rollouts only (a
-    continuation's root-to-leaf length is biased: it passed through the node stage 2 chose). A fresh rollout of a
-    prompt: the running mean of that prompt's past fresh rollout lengths, else the running mean over all prompts,
-    else `default` before any rollout is seen. A continuation from a node at depth d: the running mean, over past
-    fresh rollouts, of the tokens they still took after their depth-d node, scaled by the prompt's expected length
-    over the overall mean (remaining length is not the mean length minus the prefix: a rollout still going at depth
-    d tends to go on); before any depth-d node is seen, a fresh rollout's expected length (an overestimate rather
-    than a budget overrun). A length counts the tokens after the prompt (policy and observation)."""
-
-    def __init__(self, default: float):
-        self.default = float(default)
-        self.per_prompt: dict[str, list[float]] = {}  # prompt id -> [sum of lengths, count]
-        self.total = [0.0, 0.0]
-        self.after_depth: dict[int, list[float]] = {}  # depth d -> [sum of tokens after a depth-d node, count]
-
-    def _overall(self) -> float:
-        return self.total[0] / self.total[1] if self.total[1] else self.default
-
-    def rollout(self, prompt_ids: Sequence[str]) -> np.ndarray:
-        """(P,) expected tokens of one fresh rollout of each prompt."""
-        overall = self._overall()
-        return np.array([s / n if n else overall
-                         for s, n in (self.per_prompt.get(pid, (0.0, 0.0)) for pid in prompt_ids)], dtype=float)
-
-    def continuation(self, tree: Tree, node_ids: Sequence[int]) -> np.ndarray:
-        """(Y,) expected tokens of one continuation from each node of `tree`."""
-        full = float(self.rollout([tree.prompt_id])[0])
-        scale = full / self._overall()
-        out = []
-        for y in node_ids:
-            seen = self.after_depth.get(tree.nodes[y].depth)
-            out.append(scale * seen[0] / seen[1] if seen and seen[1] else full)
-        return np.maximum(np.asarray(out, dtype=float), 1.0)
-
-    def observe(self, trees: Sequence[Tree]) -> None:
-        """Learn from every fresh rollout (root-to-leaf path started at the root) of the step's trees."""
-        for tree in trees:
-            entry = self.per_prompt.setdefault(tree.prompt_id, [0.0, 0.0])
-            for leaf in tree.leaves():
-                if tree.nodes[leaf].anchor_id != 0:
-                    continue
-                lengths = [float(tree.nodes[i].segment.num_tokens) for i in tree.path(leaf)[1:]]
-                entry[0] += sum(lengths)
-                entry[1] += 1
-                self.total[0] += sum(lengths)
-                self.total[1] += 1
-                after = np.cumsum(lengths[::-1])[::-1]  # tokens from each node of the path to the leaf
-                for depth in range(1, len(lengths)):  # the nodes above the leaf, at depths 1 .. len - 1
-                    seen = self.after_depth.setdefault(depth, [0.0, 0.0])
-                    seen[0] += float(after[depth])
-                    seen[1] += 1
-
-    def state_dict(self) -> dict:
-        return {"default": self.default, "per_prompt": self.per_prompt, "total": self.total,
-                "after_depth": {str(d): v for d, v in self.after_depth.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.default = float(state["default"])
-        self.per_prompt = {k: [float(a), float(b)] for k, (a, b) in state["per_prompt"].items()}
-        self.total = [float(x) for x in state["total"]]
-        self.after_depth = {int(d): [float(a), float(b)] for d, (a, b) in state.get("after_depth", {}).items()}
 
 
 @dataclass
@@ -139,93 +76,79 @@ def intermediate_nodes(tree: Tree, unmixed_only: bool) -> tuple[list[int], np.nd
     return ids, outcome
 
 
-def split_whole(total: int, weights: np.ndarray) -> np.ndarray:
-    """Split `total` whole items in proportion to `weights` (largest remainder, ties to lower index)."""
-    weights = np.asarray(weights, dtype=float)
-    if total <= 0 or weights.sum() <= 0:
-        return np.zeros(len(weights), dtype=np.int64)
-    exact = total * weights / weights.sum()
-    out = np.floor(exact).astype(np.int64)
-    order = np.argsort(-(exact - out), kind="stable")
-    out[order[: total - int(out.sum())]] += 1
-    return out
-
-
 def plan_roots(method: MethodPreset, config: AllocationConfig, p_pool: np.ndarray, budget: float,
-               rng: np.random.Generator, cost: np.ndarray | None = None) -> RootPlan:
-    """Stage 1 on a step budget of `budget` (in the budget's unit), then what is left of it split across the
-    selected prompts for stage 2: in whole granules (continuations granted at a time, times their cost) in
-    proportion to the grants when costs are units, in proportion to the grants' cost otherwise."""
+               rng: np.random.Generator, prices: Prices, cost: np.ndarray | None = None) -> RootPlan:
+    """Stage 1 on a step budget of `budget` (in the prices' unit; `cost` (P,) of one fresh rollout per prompt, None =
+    1 each), then what is left of it split across the selected prompts for stage 2 (`Prices.prefix_budgets`)."""
     p_pool = np.asarray(p_pool, dtype=float)
     root_policy = ROOT_POLICIES[method.root_policy]
     counts = np.asarray(root_policy(p_pool, method.root_budget(config, budget), config, rng, cost=cost),
                         dtype=np.int64)
     unit_cost = np.ones(len(p_pool)) if cost is None else np.asarray(cost, dtype=float)
-    return _with_prefix_budget(method, config, p_pool, counts, unit_cost, budget)
+    return _with_prefix_budget(method, config, p_pool, counts, unit_cost, budget, prices)
 
 
-def _with_prefix_budget(method, config, p_pool, counts, unit_cost, budget) -> RootPlan:
+def _with_prefix_budget(method, config, p_pool, counts, unit_cost, budget, prices: Prices) -> RootPlan:
     prefix_budget = np.zeros(len(counts))
     selected = np.flatnonzero(counts)
     left = max(budget - float(np.sum(counts * unit_cost)), 0.0)
     if method.prefix_policy is not None and config.expand_rounds > 0 and selected.size:
-        if config.budget_unit == "units":
-            unit = PREFIX_POLICIES[method.prefix_policy].granule(config) * config.continuation_cost
-            prefix_budget[selected] = split_whole(int(left // unit + 1e-9), counts[selected]) * unit
-        else:
-            prefix_budget[selected] = split_budget(left, counts[selected] * unit_cost[selected])
+        granule = PREFIX_POLICIES[method.prefix_policy].granule(config)
+        prefix_budget[selected] = prices.prefix_budgets(left, counts[selected], unit_cost[selected], granule)
     value = float(np.sum(root_value(p_pool, counts, config.root_value))) if len(counts) else 0.0
     return RootPlan(counts, unit_cost, prefix_budget, value)
 
 
 def force_plan(method: MethodPreset, config: AllocationConfig, plan: RootPlan, p_pool: np.ndarray,
-               budget: float) -> RootPlan:
+               budget: float, prices: Prices) -> RootPlan:
     """`plan` with m_min rollouts for the prompt closest to p = 0.5 when it selected none (a caller that cannot
     sample an empty batch, such as verl's synchronous sampler)."""
     if plan.counts.any():
         return plan
     counts = plan.counts.copy()
     counts[int(np.argmin(np.abs(np.asarray(p_pool) - 0.5)))] = config.m_min
-    return _with_prefix_budget(method, config, np.asarray(p_pool, dtype=float), counts, plan.cost, budget)
+    return _with_prefix_budget(method, config, np.asarray(p_pool, dtype=float), counts, plan.cost, budget, prices)
+
+
+def mark_roots(trees: Sequence[Tree], p: Sequence[float] | None, counts: Sequence[int]) -> None:
+    """Record stage 1 on the trees' roots: the predicted p (None where the method reads none) and the grant."""
+    for j, tree in enumerate(trees):
+        tree.root.p_pred = None if p is None else float(p[j])
+        tree.root.expand_reason = "root"
+        tree.root.num_granted = int(counts[j])
 
 
 def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[History], predict: PredictFn | None,
-               runner: RolloutRunner, ledger: BudgetLedger, rng: np.random.Generator,
-               tokens: TokenEstimate | None = None) -> GrowthResult:
-    """Spend one step's budget (`ledger`) on `pool` the way `method` says; returns the grown trees. With
-    config.budget_unit="tokens", `tokens` prices each rollout (a fresh `TokenEstimate` when None)."""
+               runner: RolloutRunner, ledger: BudgetLedger, rng: np.random.Generator, prices: Prices) -> GrowthResult:
+    """Spend one step's budget (`ledger`, priced by `prices`) on `pool` the way `method` says; returns the grown
+    trees."""
     seconds = {"predict": 0.0, "allocate": 0.0, "rollout": 0.0}
     uses_p = method.predictor != "none"
     if uses_p and predict is None:
         raise ValueError(f"method {method.name!r} reads predicted success probabilities; pass a predictor")
-    if config.budget_unit == "tokens" and tokens is None:
-        tokens = TokenEstimate(config.default_rollout_tokens)
 
     t0 = time.perf_counter()
     p_pool = np.asarray(predict(pool), dtype=float) if uses_p else np.full(len(pool), 0.5)
     t1 = time.perf_counter()
-    cost = None if config.budget_unit == "units" else tokens.rollout([h.prompt_id for h in pool])
-    plan = plan_roots(method, config, p_pool, ledger.units_left, rng, cost)
+    cost = prices.fresh([h.prompt_id for h in pool])
+    plan = plan_roots(method, config, p_pool, ledger.budget_left, rng, prices, cost)
     root_counts = plan.counts
     seconds["predict"] += t1 - t0
     seconds["allocate"] += time.perf_counter() - t1
 
     selected = np.flatnonzero(root_counts)
     ledger.charge(ledger.rollout_units(root_counts.sum(), continuation=False), kind="root",
-                  cost=None if cost is None else float(np.sum(root_counts * cost)))
+                  cost=float(np.sum(root_counts * plan.cost)))
     t0 = time.perf_counter()
     trees, num_tokens = runner.run_roots(selected.tolist(), root_counts[selected].tolist())
     seconds["rollout"] += time.perf_counter() - t0
     ledger.charge_tokens(num_tokens, kind="root")
-    for tree, i in zip(trees, selected):
-        tree.root.p_pred = float(p_pool[i]) if uses_p else None
-        tree.root.expand_reason = "root"
-        tree.root.num_granted = int(root_counts[i])
+    mark_roots(trees, p_pool[selected] if uses_p else None, root_counts[selected])
 
     result = GrowthResult(trees, selected, p_pool, root_counts, seconds, stage1_value=plan.value)
     if method.prefix_policy is not None and config.expand_rounds > 0 and trees:
         stats = expand_trees(method, config, trees, plan.prefix_budget[selected], predict, runner, ledger, rng,
-                             tokens)
+                             prices)
         result.num_prefix_anchors = stats["num_prefix_anchors"]
         result.num_continuations = stats["num_continuations"]
         for key in ("predict", "allocate", "rollout"):
@@ -235,33 +158,23 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
 
 def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence[Tree], budgets: np.ndarray,
                  predict: PredictFn | None, runner: RolloutRunner, ledger: BudgetLedger, rng: np.random.Generator,
-                 tokens: TokenEstimate | None = None) -> dict[str, float]:
-    """Stage 2 on `trees`, tree i spending at most budgets[i] (in the ledger's unit; `plan_roots` gives them)
-    over config.expand_rounds rounds; with stage2_mode="global" their sum is solved over all trees at once.
+                 prices: Prices) -> dict[str, float]:
+    """Stage 2 on `trees`, tree i spending at most budgets[i] (in the prices' unit; `plan_roots` gives them) over
+    config.expand_rounds rounds; with stage2_mode="global" their sum is solved over all trees at once.
     Charges the ledger before sampling; a round stops when the ledger's token cap is reached.
     Returns seconds spent (predict, allocate, rollout), num_prefix_anchors and num_continuations."""
     stats = {"predict": 0.0, "allocate": 0.0, "rollout": 0.0, "num_prefix_anchors": 0, "num_continuations": 0}
     policy = PREFIX_POLICIES[method.prefix_policy]
-    in_units = config.budget_unit == "units"
-    if in_units:  # whole granules, so a round's grant never splits one
-        granule = policy.granule(config)
-        unit = granule * config.continuation_cost
-        left = np.array([int(b / unit + 1e-9) for b in budgets], dtype=np.int64)
-    else:
-        if tokens is None:
-            tokens = TokenEstimate(config.default_rollout_tokens)
-        left = np.asarray(budgets, dtype=float).copy()
+    granule = policy.granule(config)
+    purse = prices.purse(budgets, granule)
     if config.stage2_mode != "per_prompt":
-        left = left.sum(keepdims=True)
+        purse = purse.pooled()
     for round_index in range(config.expand_rounds):
         rounds_left = config.expand_rounds - round_index
         t0 = time.perf_counter()
         cands = [intermediate_nodes(t, unmixed_only=method.prefix_candidates == "unmixed") for t in trees]
         histories = [t.history(i) for t, (ids, _) in zip(trees, cands) for i in ids]
-        if in_units:
-            cost_all = np.full(len(histories), config.continuation_cost)
-        else:
-            cost_all = np.concatenate([tokens.continuation(t, ids) for t, (ids, _) in zip(trees, cands)] or [[]])
+        cost_all = np.concatenate([prices.continuation(t, ids) for t, (ids, _) in zip(trees, cands)] or [[]])
         t1 = time.perf_counter()
         p_all = np.asarray(predict(histories), dtype=float) if (policy.needs_p and histories) else np.full(len(histories), 0.5)
         t2 = time.perf_counter()
@@ -273,16 +186,11 @@ def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence
         for g, sl in enumerate(groups):
             if sl.stop == sl.start:
                 continue
-            if in_units:
-                this_round = math.ceil(left[g] / rounds_left)
-                if this_round <= 0:
-                    continue
-                grants[sl] = policy(p_all[sl], outcome_all[sl], this_round * unit, config, rng, cost_all[sl])
-                left[g] -= int(math.ceil(grants[sl].sum() / granule))
-            elif left[g] > 0:  # a round gets at least the cheapest continuation, as whole granules do in units
-                budget = min(left[g], max(left[g] / rounds_left, float(cost_all[sl].min())))
-                grants[sl] = policy(p_all[sl], outcome_all[sl], budget, config, rng, cost_all[sl])
-                left[g] -= float(np.sum(grants[sl] * cost_all[sl]))
+            budget = purse.round_budget(g, rounds_left, cost_all[sl])
+            if budget <= 0:
+                continue
+            grants[sl] = policy(p_all[sl], outcome_all[sl], budget, config, rng, cost_all[sl])
+            purse.spend(g, grants[sl], cost_all[sl], granule)
         stats["predict"] += t2 - t1
         stats["allocate"] += (t1 - t0) + (time.perf_counter() - t2)
         requests = []
@@ -298,8 +206,8 @@ def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence
                     requests.append((trees[tree_index], node_id, k))
         if not requests:
             continue
-        cost = None if in_units else float(np.sum(grants * cost_all))
-        if not ledger.can_afford(float(grants.sum()) * config.continuation_cost if in_units else cost):
+        cost = prices.cost(grants, cost_all)
+        if not ledger.can_afford(cost):
             for tree, node_id, k in requests:  # the token cap is reached: nothing of this round is sampled
                 node = tree.nodes[node_id]
                 node.num_granted -= k

@@ -16,7 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from tracerl.core.allocation import BUDGET_UNITS, CONTINUATION_COST, ROOT_VALUES, allocate_prefixes, allocate_roots
+from tracerl.core.allocation import ROOT_VALUES, allocate_prefixes, allocate_roots
+from tracerl.core.ledger import BUDGET_UNITS, CONTINUATION_COST
 from tracerl.core.rules import check_fields, knob, raise_problems
 
 
@@ -61,13 +62,6 @@ class AllocationConfig:
     @property
     def pool_size(self) -> int:
         return self.num_prompts * self.pool_factor
-
-    @property
-    def step_budget(self) -> float:
-        """The budget a step's ledger holds, in `budget_unit`: `budget` units, or tokens."""
-        if self.budget_unit == "units":
-            return self.budget
-        return float(self.token_budget or self.budget * self.default_rollout_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- stage 1

@@ -3,8 +3,9 @@
 The predictor only steers budget (docs/design.md, section 2); it never touches the policy gradient. Each
 step it is scored on the step's fresh nodes (see `calibration`), then updated on
 `(h_y, Vhat(y), weight n_y)`: the node's backed-up success rate, weighted by its number of leaves,
-with weighted binary cross-entropy. All predictors share one interface (`Predictor`) and a registry
-(`PREDICTORS`, `make_predictor`), so the allocator can be run with any of them, the oracle included.
+with weighted binary cross-entropy. All predictors share one interface (`Predictor`) and a registry by name
+(`PREDICTORS`: name -> "module:attr", resolved on first use; `make_predictor`), so the allocator can be run with any
+of them, the oracle and the torch heads of `tracerl.predictors` included, and nothing registers on import.
 
 * `HashedLogisticPredictor` ("hashed_logistic", the default): logistic regression over
   `HashedFeatures`, Adam with L2, refit each update on a bounded FIFO replay window so it tracks a
@@ -12,19 +13,20 @@ with weighted binary cross-entropy. All predictors share one interface (`Predict
 * `ConstantPredictor` ("constant"): a fixed p, or the running weighted mean of the targets.
 * `OraclePredictor` ("oracle"): the true p from a simulator; nothing to learn, nothing to save.
 
-Deliberately not here: torch heads (the heavy layer registers them in `PREDICTORS`), files (see
+Deliberately not here: torch heads (`tracerl.predictors`, named in `PREDICTORS`), files (see
 `tracerl.io.state`), metric namespacing (callers log keys under `predictor/`).
 """
 
 from __future__ import annotations
 
 import math
+import importlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tracerl.core.calibration import platt_fit
-from tracerl.core.features import HashedFeatures, SparseBatch
+from tracerl.core.features import HashedFeatures, SparseBatch, StateFeatures
 from tracerl.core.history import History
 
 P_MIN, P_MAX = 1e-4, 1 - 1e-4  # predictions are clipped here: a predictor is never certain
@@ -61,9 +63,11 @@ def weighted_bce(p: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> flo
 
 
 class Predictor:
-    """Interface of every success predictor. Subclasses set `name` and implement the five methods."""
+    """Interface of every success predictor. Subclasses set `name` and implement the five methods; their constructor
+    takes `seed` (every draw they make comes from it), and `state_features` when `reads_state_features`."""
 
     name: str = ""
+    reads_state_features: bool = False  # whether the constructor takes the domain's `state_features` hook
 
     def predict(self, histories: Sequence[History]) -> np.ndarray:
         """(len(histories),) success probabilities in [P_MIN, P_MAX]."""
@@ -113,8 +117,8 @@ class HashedLogisticPredictor(Predictor):
     distinct n-grams is ~150 MB; lower `replay_size` for very long transcripts).
 
     num_buckets, ngram, feature_seed, norm_ngrams: the featuriser (see HashedFeatures).
-    state_buckets: columns for the domains' state features (`features.register_state_features`: e.g. multihop's
-        hops remaining and whether the last search failed), exempt from L2 like the structural ones; 0 = text only.
+    state_buckets: columns for the domain's state features (`state_features`, the domain's hook: multihop's hops
+        remaining and whether the last search failed), exempt from L2 like the structural ones; 0 = text only.
         On multihop trees hashed n-grams alone rank prefixes barely better than chance (AUC 0.47-0.56): what decides
         success is how far the chain got, which no n-gram states (docs/predictors.md has the measurements).
     prior: prediction before any data; set it to the pool's expected success rate if known.
@@ -148,12 +152,14 @@ class HashedLogisticPredictor(Predictor):
     """
 
     name = "hashed_logistic"
+    reads_state_features = True
 
     def __init__(self, num_buckets: int = 2**14, ngram: tuple[int, int] = (1, 2), feature_seed: int = 0,
                  norm_ngrams: int = 64, prior: float = 0.5, lr: float = 0.1, l2: float = 1e-2,
                  replay_size: int = 8192, root_replay_size: int = 4096, root_head: bool = True, root_num_epochs: int = 6,
                  recalibrate: bool = True, calibration_window: int = 2048, calibration_ridge: float = 1.0,
-                 num_epochs: int = 2, batch_size: int = 256, seed: int = 0, state_buckets: int = 4096):
+                 num_epochs: int = 2, batch_size: int = 256, seed: int = 0, state_buckets: int = 4096,
+                 state_features: StateFeatures | None = None):
         if not 0 < prior < 1:
             raise ValueError(f"prior={prior}; use a probability strictly between 0 and 1 (default 0.5)")
         if lr <= 0 or l2 < 0:
@@ -168,7 +174,8 @@ class HashedLogisticPredictor(Predictor):
             raise ValueError("root_head=True needs root_replay_size >= 1 (the root head fits on the root window); "
                              "set root_head=False to predict roots with the shared model")
         self.features = HashedFeatures(num_buckets=num_buckets, ngram=tuple(ngram), seed=feature_seed,
-                                       norm_ngrams=norm_ngrams, state_buckets=state_buckets)
+                                       norm_ngrams=norm_ngrams, state_buckets=state_buckets,
+                                       state_features=state_features)
         self.prior, self.lr, self.l2 = float(prior), float(lr), float(l2)
         self.replay_size, self.num_epochs, self.batch_size = int(replay_size), int(num_epochs), int(batch_size)
         self.root_num_epochs = int(root_num_epochs)
@@ -370,7 +377,7 @@ class ConstantPredictor(Predictor):
 
     name = "constant"
 
-    def __init__(self, p: float = 0.5, track_mean: bool = False):
+    def __init__(self, p: float = 0.5, track_mean: bool = False, seed: int = 0):  # seed: nothing here is random
         if not 0 <= p <= 1:
             raise ValueError(f"p={p}; use a probability in [0, 1]")
         self.p, self.track_mean = float(p), bool(track_mean)
@@ -412,7 +419,7 @@ class OraclePredictor(Predictor):
 
     name = "oracle"
 
-    def __init__(self, lookup: Callable[[Sequence[History]], np.ndarray]):
+    def __init__(self, lookup: Callable[[Sequence[History]], np.ndarray], seed: int = 0):  # seed: nothing random
         if not callable(lookup):
             raise ValueError("OraclePredictor needs lookup=callable(histories) -> array of true p, "
                              "e.g. lambda hs: [h.meta['true_p'] for h in hs]")
@@ -439,18 +446,33 @@ class OraclePredictor(Predictor):
         pass
 
 
-PREDICTORS: dict[str, type[Predictor]] = {
-    HashedLogisticPredictor.name: HashedLogisticPredictor,
-    ConstantPredictor.name: ConstantPredictor,
-    OraclePredictor.name: OraclePredictor,
+# name -> "module:attr" of its class, imported on first use (the torch heads need the `neural` extra)
+PREDICTORS: dict[str, str] = {
+    "hashed_logistic": "tracerl.core.predictor:HashedLogisticPredictor",
+    "constant": "tracerl.core.predictor:ConstantPredictor",
+    "oracle": "tracerl.core.predictor:OraclePredictor",
+    "minilm_head": "tracerl.predictors.encoder_head:EncoderHeadPredictor",
+    "lm_value": "tracerl.predictors.lm_value:LMValuePredictor",
 }
 
 
-def make_predictor(name: str, **kwargs: Any) -> Predictor:
-    """Build the registered predictor `name` with constructor kwargs (e.g. `make_predictor("constant", p=0.3)`)."""
+def predictor_class(name: str) -> type[Predictor]:
+    """The class registered as `name`; ValueError naming the choices, or ImportError naming the extra to install."""
     if name not in PREDICTORS:
-        raise ValueError(f"unknown predictor {name!r}; known predictors: {', '.join(sorted(PREDICTORS))} "
-                         "(the neural ones register on `import tracerl.predictors`)")
-    return PREDICTORS[name](**kwargs)
+        raise ValueError(f"unknown predictor {name!r}; known predictors: {', '.join(sorted(PREDICTORS))}")
+    module, attr = PREDICTORS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as err:
+        raise ImportError(f"predictor {name!r} needs torch and transformers: pip install -e '.[neural]' "
+                          f"({err})") from err
 
 
+def make_predictor(name: str, *, seed: int = 0, state_features: StateFeatures | None = None,
+                   **options: Any) -> Predictor:
+    """Build the predictor `name` with `seed`, the domain's `state_features` hook (for those that read it) and its
+    constructor options, e.g. `make_predictor("constant", p=0.3)`. The one way every caller builds a predictor."""
+    cls = predictor_class(name)
+    if cls.reads_state_features:
+        options["state_features"] = state_features
+    return cls(seed=seed, **options)

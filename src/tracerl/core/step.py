@@ -5,11 +5,15 @@
 
 `run_step` does all of it on a `RolloutRunner` (the simulator, a ReAct driver, Ray workers) and returns the trees,
 their advantages and the step's metrics (`alloc/`, `rollout/`, `predictor/` keys). The policy update is the
-caller's (the trainer's), and so is anything timed around it. `PromptPool` owns the cursor over a shuffled prompt
-order. The step's `BudgetLedger` is built here from the allocation config (`make_ledger`), so the budget, its unit,
-the continuation cost and the token cap are read in one place; the ledger's per-kind spend is logged as
-`alloc/units_root`, `alloc/units_prefix`, `alloc/tokens_root`, `alloc/tokens_prefix` (and `alloc/cost_*` when the
-budget is in tokens), which is what the run report reads.
+caller's (the trainer's), and so is anything timed around it.
+
+`Sampler` is a run's sampling state, built one way by the trainer, both benches and verl: the prompt pool (a cursor
+over a shuffled order), the allocation RNG, the prices (`tracerl.core.ledger`: units or tokens, learned over the
+run) and the predictor, with one seed convention (pool `[seed, 1]`, allocation `[seed, 2]`, the predictor built
+with `seed`) and one `state_dict`, so a run saved and resumed samples what an uninterrupted one samples. Each step
+gets a fresh ledger from the prices; its per-kind spend is logged as `alloc/units_root`, `alloc/units_prefix`,
+`alloc/tokens_root`, `alloc/tokens_prefix` (and `alloc/cost_*` when the budget is in tokens), which is what the run
+report reads.
 
 Deliberately not here: sampling (the runner), the policy gradient, checkpoints, I/O.
 """
@@ -23,10 +27,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from tracerl.core.advantages import AdvantageConfig, TreeAdvantages, compute_advantages
-from tracerl.core.allocation import BudgetLedger
 from tracerl.core.calibration import calibration_metrics
-from tracerl.core.growth import GrowthResult, RolloutRunner, TokenEstimate, grow_trees
+from tracerl.core.growth import GrowthResult, RolloutRunner, grow_trees
 from tracerl.core.history import History
+from tracerl.core.ledger import BudgetLedger, Prices, make_prices
 from tracerl.core.methods import AllocationConfig, MethodPreset
 from tracerl.core.metrics import predictor_targets, ratios, raw_advantages, step_counts
 from tracerl.core.tree import Tree
@@ -58,11 +62,6 @@ class PromptPool:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.order, self.cursor = np.asarray(state["order"]), int(state["cursor"])
         self.rng.bit_generator.state = state["rng"]
-
-
-def make_ledger(config: AllocationConfig) -> BudgetLedger:
-    """A step's ledger: config.step_budget in config.budget_unit, the continuation cost and the token cap."""
-    return BudgetLedger(config.step_budget, config.token_cap, config.continuation_cost, unit=config.budget_unit)
 
 
 @dataclass
@@ -103,18 +102,18 @@ def learn(predictor, trees: Sequence[Tree]) -> Learned:
 
 def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[History], runner: RolloutRunner,
              rng: np.random.Generator, *, predictor=None, advantages: AdvantageConfig | None = None,
-             tokens: TokenEstimate | None = None) -> StepResult:
+             prices: Prices | None = None) -> StepResult:
     """One step on `pool` (histories of the candidate prompts, in the runner's pool order).
 
     `predictor` (with `predict` and `update`) steers stages 1 and 2 when the method reads one; it is scored on the
-    step's fresh nodes (natural backup targets) before it is updated on them. `tokens` prices rollouts when the
-    budget is in tokens, and learns the step's rollout lengths afterwards."""
-    ledger = make_ledger(config)
+    step's fresh nodes (natural backup targets) before it is updated on them. `prices` (config's, fresh, when None)
+    price every rollout, give the step's ledger, and learn the step's rollout lengths afterwards."""
+    prices = make_prices(config) if prices is None else prices
+    ledger = prices.ledger()
     predict = predictor.predict if (predictor is not None and method.predictor != "none") else None
-    grown = grow_trees(method, config, pool, predict, runner, ledger, rng, tokens)
+    grown = grow_trees(method, config, pool, predict, runner, ledger, rng, prices)
     trees = grown.trees
-    if tokens is not None:
-        tokens.observe(trees)
+    prices.observe(trees)
     metrics: dict[str, Any] = {}
     scored = targets = None
     update_seconds = 0.0
@@ -138,3 +137,42 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     metrics.update({f"alloc/{k}": v for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
     seconds = dict(grown.seconds, update=update_seconds)
     return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds)
+
+
+class Sampler:
+    """A run's sampling state and its step: the prompt pool, the allocation RNG, the prices and the predictor.
+
+    One seed convention for every caller: the pool's order from `[seed, 1]`, stage 1 and 2's draws from
+    `[seed, 2]`; the predictor is built by the caller with `seed` (`tracerl.core.predictor.make_predictor`). A step
+    is `next_pool()` (pool indices), the caller's runner set on those prompts, then `step(pool, runner)`.
+    `state_dict` holds everything a resumed run needs to sample what an uninterrupted run samples, the predictor's
+    state included."""
+
+    def __init__(self, method: MethodPreset, config: AllocationConfig, num_prompts: int, seed: int, *,
+                 predictor=None, advantages: AdvantageConfig | None = None):
+        self.method, self.config, self.advantages = method, config, advantages
+        self.pool = PromptPool(num_prompts, config.pool_size, np.random.default_rng([seed, 1]))
+        self.rng = np.random.default_rng([seed, 2])
+        self.prices = make_prices(config)
+        self.predictor = predictor if method.predictor != "none" else None
+
+    def next_pool(self) -> np.ndarray:
+        """Indices of the next step's candidate prompts."""
+        return self.pool.next()
+
+    def step(self, pool: Sequence[History], runner: RolloutRunner) -> StepResult:
+        """One step (`run_step`) on `pool` (the histories of `next_pool()`'s prompts, as the runner holds them)."""
+        return run_step(self.method, self.config, pool, runner, self.rng, predictor=self.predictor,
+                        advantages=self.advantages, prices=self.prices)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.state_dict(), "rng": self.rng.bit_generator.state,
+                "prices": self.prices.state_dict(),
+                "predictor": None if self.predictor is None else self.predictor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.load_state_dict(state["pool"])
+        self.rng.bit_generator.state = state["rng"]
+        self.prices.load_state_dict(state["prices"])
+        if self.predictor is not None:
+            self.predictor.load_state_dict(state["predictor"])

@@ -139,6 +139,27 @@ class Tree:
         node.reward = float(reward)
         node.finish_reason = finish_reason
 
+    def add_failed_leaves(self, node_id: int, count: int, error: str, origin: str = "continuation") -> None:
+        """`count` failed leaves (finish_reason "error", reward 0, no tokens) under `node_id`: rollouts owed whose
+        generation failed (a server error, a timeout, a lost worker) are data, counted as failures."""
+        for _ in range(count):
+            self.add_child(node_id, Segment(observation_text=f"error: rollout failed: {error}"[:500]),
+                           reward=0.0, finish_reason="error", origin=origin, anchor_id=node_id)
+
+    def append_nodes(self, raw_nodes: list[dict[str, Any]]) -> None:
+        """Append nodes given as `to_dict` node dicts (grown elsewhere: a Ray worker); their ids must continue."""
+        for raw in raw_nodes:
+            node = Node(**{**raw, "segment": Segment(**raw["segment"])})
+            assert node.node_id == len(self.nodes), f"node {node.node_id} does not continue a tree of {len(self.nodes)}"
+            self.nodes.append(node)
+            self.children.append([])
+            self.children[node.parent_id].append(node.node_id)
+
+    def truncate(self, num_nodes: int) -> None:
+        """Drop every node from `num_nodes` on (a failed call's partial growth)."""
+        del self.nodes[num_nodes:]
+        self.children = [[c for c in kids if c < num_nodes] for kids in self.children[:num_nodes]]
+
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
         return len(self.nodes)

@@ -1,9 +1,21 @@
-"""Heavy-layer rollout executors: rollout workers on Ray (`RayRolloutRunner`) and starting Ray (`start_ray`).
+"""Where rollouts run: `make_runner` (a local driver or Ray workers behind one interface), rollout workers on Ray
+(`RayRolloutRunner`) and starting Ray (`start_ray`).
 
-Needs the `ray` extra (`pip install -e ".[ray]"`). The in-process runner is `tracerl.io.driver.ReActDriver`.
+The Ray parts need the `ray` extra (`pip install -e ".[ray]"`) and are imported on first use, so the local runner
+works without Ray.
 """
 
-from tracerl.executors.cluster import start_ray
-from tracerl.executors.ray_runner import RayRolloutRunner, partition, worker_seed
+from tracerl.executors.runner import LocalRunner, RayRunner, make_runner
 
-__all__ = ["RayRolloutRunner", "partition", "start_ray", "worker_seed"]
+_RAY_NAMES = {"RayRolloutRunner": "ray_runner", "partition": "ray_runner", "worker_seed": "ray_runner",
+              "start_ray": "cluster"}
+
+__all__ = ["LocalRunner", "RayRunner", "make_runner", *_RAY_NAMES]
+
+
+def __getattr__(name: str):
+    if name in _RAY_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(f"tracerl.executors.{_RAY_NAMES[name]}"), name)
+    raise AttributeError(f"module 'tracerl.executors' has no attribute {name!r}")

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from tracerl.core.history import History
-from tracerl.core.tree import Node, Segment, Tree
+from tracerl.core.tree import Segment, Tree
 from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits, ReActDriver, prompt_id
 from tracerl.io.engine import SamplingParams
@@ -97,31 +97,8 @@ def failed_tree(row: dict[str, Any], pool_index: int, count: int, error: str) ->
     tree = Tree.new(prompt_id(row), Segment(observation_text=row["prompt"][-1]["content"]),
                     meta={"pool_index": int(pool_index), "data_source": row.get("data_source", ""),
                           "worker_error": error})
-    add_failed_leaves(tree, 0, count, error, origin="bare")
+    tree.add_failed_leaves(0, count, error, origin="bare")
     return tree
-
-
-def add_failed_leaves(tree: Tree, node_id: int, count: int, error: str, origin: str = "continuation") -> None:
-    """`count` failed leaves (finish_reason "error", reward 0, no tokens) under `node_id`."""
-    for _ in range(count):
-        tree.add_child(node_id, Segment(observation_text=f"error: rollout failed: {error}"[:500]),
-                       reward=0.0, finish_reason="error", origin=origin, anchor_id=node_id)
-
-
-def append_nodes(tree: Tree, raw_nodes: Sequence[dict[str, Any]]) -> None:
-    """Append nodes given as `Tree.to_dict` node dicts, in place (ids must continue the tree's)."""
-    for raw in raw_nodes:
-        node = Node(**{**raw, "segment": Segment(**raw["segment"])})
-        assert node.node_id == len(tree.nodes), f"node {node.node_id} does not continue a tree of {len(tree.nodes)}"
-        tree.nodes.append(node)
-        tree.children.append([])
-        tree.children[node.parent_id].append(node.node_id)
-
-
-def _truncate(tree: Tree, num_nodes: int) -> None:
-    """Drop every node from `num_nodes` on (a failed call's partial growth)."""
-    del tree.nodes[num_nodes:]
-    tree.children = [[c for c in kids if c < num_nodes] for kids in tree.children[:num_nodes]]
 
 
 # ------------------------------------------------------------------------------------------------ the worker (actor)
@@ -195,9 +172,9 @@ class RolloutWorker:
             error = f"{type(err).__name__}: {err}"
             num_tokens = 0
             for key, num_nodes in sizes.items():
-                _truncate(self.trees[key], num_nodes)
+                self.trees[key].truncate(num_nodes)
             for key, _, node_id, k in requests:
-                add_failed_leaves(self.trees[key], node_id, k, error)
+                self.trees[key].add_failed_leaves(node_id, k, error)
         grown = {key: [asdict(n) for n in self.trees[key].nodes[num_nodes:]] for key, num_nodes in sizes.items()}
         return grown, num_tokens, self._counted(before), error
 
@@ -369,11 +346,11 @@ class RayRolloutRunner:
                 self._absorb(counters, error)
                 num_tokens += tokens
                 for key, raw_nodes in grown.items():
-                    append_nodes(by_key[key].tree, raw_nodes)
+                    by_key[key].tree.append_nodes(raw_nodes)
             else:  # the worker died (now or earlier in the step): its snapshots are gone with it
                 error = self._last_errors.get(w, "the worker died earlier in this step")
                 for key, _, node_id, k in reqs:
-                    add_failed_leaves(by_key[key].tree, node_id, k, error)
+                    by_key[key].tree.add_failed_leaves(node_id, k, error)
             if error is not None:
                 self.counters["rollout/worker_error_rollouts"] += sum(k for *_, k in reqs)
             for key, *_ in reqs:

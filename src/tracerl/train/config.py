@@ -22,7 +22,7 @@ from typing import Any
 
 from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
 from tracerl.core.methods import METHODS, AllocationConfig
-from tracerl.core.predictor import PREDICTORS
+from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 from tracerl.io.domains import DOMAINS
@@ -139,31 +139,28 @@ class OptimConfig:
         raise_problems(check_fields(self, "optim."))
 
 
-NEURAL_PREDICTORS = ("minilm_head", "lm_value")  # registered by importing tracerl.predictors (torch)
-
-
 @dataclass(frozen=True)
 class PredictorConfig:
-    name: str = "hashed_logistic"  # a registered predictor (tracerl.core.predictor.PREDICTORS)
+    name: str = "hashed_logistic"  # a registered predictor (tracerl.core.predictor.PREDICTORS; tracerl predictors lists them)
     # its constructor options (see its docstring); these are the best of a small grid on real multihop trees with the
     # domain's state features (docs/predictors.md): text weights held back by l2, longer fits, a gentle recalibration
     options: dict = field(default_factory=lambda: {"l2": 0.1, "num_epochs": 4, "root_num_epochs": 10,
                                                    "calibration_ridge": 500.0})
 
     def __post_init__(self) -> None:
-        known = set(PREDICTORS) | set(NEURAL_PREDICTORS)
-        if self.name not in known or self.name == "oracle":
-            raise ValueError(f"predictor.name={self.name!r}; use one of {sorted(known - {'oracle'})} (the oracle "
-                             "exists only in the simulator)")
+        if self.name not in PREDICTORS or self.name == "oracle":
+            raise ValueError(f"predictor.name={self.name!r}; use one of {sorted(set(PREDICTORS) - {'oracle'})} (the "
+                             "oracle exists only in the simulator)")
+        if "seed" in self.options or "state_features" in self.options:
+            raise ValueError("predictor.options sets seed or state_features; drop it: the predictor's seed is "
+                             "run.seed and its state features are the domain's")
 
     def check_machine(self) -> None:
-        """A neural predictor needs torch and transformers here (importing them registers it)."""
-        if self.name in NEURAL_PREDICTORS and self.name not in PREDICTORS:
-            try:
-                import tracerl.predictors  # noqa: F401  (registers the neural predictors)
-            except ImportError as err:
-                raise ValueError(f"predictor.name={self.name!r} needs torch and transformers: "
-                                 f"pip install -e '.[neural]' ({err})") from err
+        """The predictor's class imports here (a neural one needs torch and transformers)."""
+        try:
+            predictor_class(self.name)
+        except ImportError as err:
+            raise ValueError(f"predictor.name={self.name!r}: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -258,6 +255,35 @@ def _looks_like_hub_id(name: str) -> bool:
     """'org/name' with no path-like start: loaded with from_pretrained, which downloads it when it is not cached."""
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not Path(name).exists()
+
+
+# what a resumed run may change: none of it changes what is sampled or trained. run.ray_address may (a cluster is
+# where workers run, not what they sample); run.executor and run.num_workers may not (each worker samples its share
+# of a step's prompts with its own seed, so the split and the seeds follow them). policy.device may, so that a run
+# saved on a GPU resumes on a CPU: the algorithm is the same, but float rounding and the sampler's random stream
+# differ between devices, so only a resume on the same device repeats the uninterrupted run exactly. run.out_dir may:
+# a run folder moved or copied elsewhere (a comparison's runs gathered from several machines) is the same run.
+RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every",
+                     "run.ray_address", "policy.device", "run.out_dir")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "embedded" and key != "options":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_differences(saved: dict[str, Any], config: TrainConfig) -> list[str]:
+    """The keys (section.field) in which `config` differs from a run's saved config (`config.json` as a dict) and a
+    resume may not change (`RESUMABLE_CHANGES`). A key the saved config lacks was added to tracerl since; the run had
+    its default's behaviour."""
+    before = {**_flatten(TrainConfig().to_dict()), **_flatten(saved)}
+    now = _flatten(config.to_dict())
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

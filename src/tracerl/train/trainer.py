@@ -5,9 +5,10 @@
     candidate pool -> predictor -> stage 1 -> bare rollouts -> stage 2 -> rewards -> natural backup targets
     -> predictor scored on the step's fresh nodes, then updated -> advantages -> policy update
 
-Pool, predictor, allocation, predictor update, advantages and measures are one call, `tracerl.core.step.run_step`
-(the same step `tracerl bench alloc` runs on the simulator); rollouts are the `ReActDriver` over a `TransformersEngine` or a served engine, in
-this process or (run.executor="ray") on `RayRolloutRunner` workers that stay up for the whole run; the update is
+Pool, predictor, allocation, predictor update, advantages and measures are one call on the run's
+`tracerl.core.step.Sampler` (the same step `tracerl bench alloc` runs on the simulator), which also holds their state
+for checkpoints; rollouts run on the runner `tracerl.executors.make_runner` gives (the `ReActDriver` over the
+policy's engine in this process, or Ray workers that are clients of a served engine); the update is
 the clipped token-level surrogate of `tracerl.train.loss`, per rollout or on packed trees. The model, the
 reference model, the in-process engine and each micro-batch live on `policy.device`; with LoRA (`policy.lora_rank`)
 only the adapters are trained, the KL reference is the model with its adapters switched off, and a served engine
@@ -22,10 +23,8 @@ Deliberately not here: distributed training, learning-rate schedules, a value mo
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,19 +33,17 @@ import numpy as np
 import torch
 
 from tracerl.core.advantages import TreeAdvantages
-from tracerl.core.growth import TokenEstimate
 from tracerl.core.methods import get_method
-from tracerl.core.predictor import PREDICTORS, make_predictor
-from tracerl.core.step import PromptPool, run_step
+from tracerl.core.predictor import make_predictor
+from tracerl.core.step import Sampler
 from tracerl.core.tree import Tree
 from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.driver import DriverLimits, ReActDriver
-from tracerl.io.engine import SamplingParams
+from tracerl.executors import make_runner
 from tracerl.io.runlog import RunLog, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
-from tracerl.train.config import TrainConfig
+from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
 from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
@@ -83,25 +80,24 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=config.optim.lr,
                                            betas=config.optim.betas, weight_decay=config.optim.weight_decay)
         self.uses_predictor = self.method.predictor != "none"
-        self.predictor = None
-        if self.uses_predictor:
-            options = dict(config.predictor.options)
-            if "seed" in inspect.signature(PREDICTORS[config.predictor.name]).parameters:
-                options.setdefault("seed", config.run.seed)
-            self.predictor = make_predictor(config.predictor.name, **options)
         seed = config.run.seed
+        predictor = None
+        if self.uses_predictor:  # steered by the domain's state features as well as the text
+            predictor = make_predictor(config.predictor.name, seed=seed,
+                                       state_features=self.policy.domain.state_features,
+                                       **config.predictor.options)
         self.train_rows = self.policy.domain.rows("train", config.data.num_train_prompts, seed=seed)
         self.eval_rows = self.policy.domain.rows("test", config.run.eval_prompts, seed=seed)
-        self.pool = PromptPool(len(self.train_rows), config.allocation.pool_size, np.random.default_rng([seed, 1]))
-        self.alloc_rng = np.random.default_rng([seed, 2])
-        # budget_unit="tokens": expected rollout lengths, learned over the run
-        self.tokens = TokenEstimate(config.allocation.default_rollout_tokens) \
-            if config.allocation.budget_unit == "tokens" else None
+        self.sampler = Sampler(self.method, config.allocation, len(self.train_rows), seed, predictor=predictor,
+                               advantages=config.advantages)
         self.step = 0
         self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
-        self.ray_runner = None  # run.executor="ray": the rollout workers, started by the first step (`start_workers`)
-        self.owns_ray = False  # whether this trainer started the local Ray cluster (and so shuts it down in `close`)
+        self.runner = None  # built by the first step (`start_runner`), kept until `close`
+
+    @property
+    def predictor(self):
+        return self.sampler.predictor
 
     def _make_engine(self):
         cfg = self.config.policy
@@ -142,81 +138,31 @@ class Trainer:
         tmp.replace(path)
         self.engine.load_weights(str(path.resolve()))
 
-    def start_workers(self):
-        """The run's `RayRolloutRunner` (run.executor="ray"), built on first use and kept until `close`: num_workers
-        clients of policy.base_url, each with the policy's tokenizer (saved to <run>/tokenizer), domain and limits.
-
-        Ray: the one this process already initialised, else the cluster at run.ray_address, else a loopback-only
-        local cluster with a CPU per worker (a reservation, not cores: workers mostly wait on the server) and a
-        100 MiB object store (a step's pool and trees are a few MB)."""
-        if self.ray_runner is not None:
-            return self.ray_runner
-        import ray
-
-        from tracerl.executors import RayRolloutRunner, start_ray
-
-        run, cfg = self.config.run, self.config.policy
-        if ray.is_initialized():
-            self.say("rollout workers on the Ray cluster this process already uses")
-        else:
-            start_ray(run.ray_address or None, num_cpus=run.num_workers, object_store_bytes=100 * 2**20)
-            self.owns_ray = True
-        tokenizer_dir = (self.out / "tokenizer").resolve()
-        self.policy.tokenizer.save_pretrained(tokenizer_dir)
-        if cfg.model == "embedded":  # the domain the embedded build was trained on, as load_policy builds it
-            from tracerl.policy.embedded import EmbeddedConfig
-
-            domain = EmbeddedConfig.from_dict(cfg.embedded).make_domain
-        else:
-            domain = self.config.data.domain
-        try:
-            self.ray_runner = RayRolloutRunner(
-                cfg.base_url, str(tokenizer_dir), domain, num_workers=run.num_workers,
-                model=cfg.served_model_name or None, limits=self.policy.limits,
-                sampling=SamplingParams(self.config.sampling.temperature, self.config.sampling.top_p),
-                engine_options={"n_mode": cfg.n_mode, "max_concurrency": cfg.max_batch_size})
-        except BaseException:
-            self.close()
-            raise
-        self.say(f"{run.num_workers} rollout workers on Ray, clients of {cfg.base_url}")
-        return self.ray_runner
+    def start_runner(self):
+        """The run's rollout runner (`tracerl.executors.make_runner`: this process, or Ray workers), built on first
+        use and kept until `close`."""
+        if self.runner is None:
+            self.runner = make_runner(self.config, self.policy, self.engine, self.out, self.say)
+        return self.runner
 
     def close(self) -> None:
-        """Stop the rollout workers, and the local Ray cluster if this trainer started it (run.executor="ray"); shut
-        down an in-process vLLM engine."""
+        """Stop the runner (Ray workers, and a local Ray cluster it started); shut down an in-process vLLM engine."""
         if self.config.policy.engine == "vllm" and self.engine is not None:
             self.engine.close()
-        if self.ray_runner is not None:
-            self.ray_runner.close()
-            self.ray_runner = None
-        if self.owns_ray:
-            import ray
-
-            ray.shutdown()
-            self.owns_ray = False
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
 
     # ------------------------------------------------------------------------------------------------ one step
-    def next_pool(self) -> list[dict[str, Any]]:
-        """The next pool_size training rows in a shuffled order, reshuffled when it runs out."""
-        return [self.train_rows[i] for i in self.pool.next()]
-
     def train_step(self) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
         # 1. the step's sampling (tracerl.core.step): pool, predictor, stage 1, rollouts, stage 2, predictor
         # scored then updated, advantages, measures
-        seed = step_seed(cfg.run.seed, self.step, 0)
-        if cfg.run.executor == "ray":  # the run's workers, re-seeded: worker 0 samples with `seed` as a local driver
-            runner = self.start_workers()
-            counted_before = Counter(runner.counters)  # they count over the whole run; a step logs its increments
-            pool = runner.set_rows(self.next_pool(), seed=seed)
-        else:
-            runner = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
-                                 sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_p, seed=seed))
-            counted_before = Counter()
-            pool = runner.set_rows(self.next_pool())
-        step = run_step(self.method, cfg.allocation, pool, runner, self.alloc_rng, predictor=self.predictor,
-                        advantages=cfg.advantages, tokens=self.tokens)
+        runner = self.start_runner()
+        pool = runner.set_rows([self.train_rows[i] for i in self.sampler.next_pool()],
+                               seed=step_seed(cfg.run.seed, self.step, 0))
+        step = self.sampler.step(pool, runner)
         trees, grown, ledger = step.trees, step.growth, step.ledger
         if cfg.run.save_trees:
             write_trees(self.out, self.step + 1, {
@@ -243,7 +189,7 @@ class Trainer:
         metrics.update({
             "alloc/overhead_frac": alloc_seconds / step_seconds,
             "rollout/cum_units": self.totals["units"], "rollout/cum_tokens": self.totals["tokens"],
-            **{f"rollout/{k.split('/', 1)[1]}": v - counted_before[k] for k, v in runner.counters.items()},
+            **{f"rollout/{k.split('/', 1)[1]}": v for k, v in runner.take_counters().items()},
             "sys/step_seconds": step_seconds, "sys/rollout_seconds": step.seconds["rollout"],
             "sys/train_seconds": train_seconds, "sys/alloc_seconds": alloc_seconds,
         })
@@ -313,23 +259,17 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        state = {"step": self.step, "cursor": self.pool.cursor, "order": self.pool.order, "totals": self.totals,
-                 "order_rng": self.pool.rng.bit_generator.state, "alloc_rng": self.alloc_rng.bit_generator.state}
-        if self.tokens is not None:
-            state["rollout_tokens"] = self.tokens.state_dict()
-        return checkpoint.save(self.out, self.step, self.model, self.optimizer, self.predictor, state)
+        state = {"step": self.step, "totals": self.totals, "sampler": self.sampler.state_dict()}
+        return checkpoint.save(self.out, self.step, self.model, self.optimizer, None, state)
 
     def resume(self) -> bool:
         """Load the latest checkpoint of the run directory, if any; returns whether one was loaded. The caller
         truncates the metrics log to the checkpoint's step (`run_training` does)."""
-        state = checkpoint.load(self.out, self.model, self.optimizer, self.predictor)
+        state = checkpoint.load(self.out, self.model, self.optimizer, None)
         if state is None:
             return False
         self.step, self.totals = int(state["step"]), dict(state["totals"])
-        self.pool.load_state_dict({"order": state["order"], "cursor": state["cursor"], "rng": state["order_rng"]})
-        self.alloc_rng.bit_generator.state = state["alloc_rng"]
-        if self.tokens is not None and "rollout_tokens" in state:
-            self.tokens.load_state_dict(state["rollout_tokens"])
+        self.sampler.load_state_dict(state["sampler"])
         return True
 
 
@@ -389,7 +329,7 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
             f"{config.run.eval_samples} samples)")
     after = before
     if config.run.executor == "ray" and trainer.step < config.run.num_steps:
-        trainer.start_workers()  # here, so that starting them is not timed as part of the first step
+        trainer.start_runner()  # here, so that starting Ray workers is not timed as part of the first step
     while trainer.step < config.run.num_steps:
         row = trainer.train_step()
         if progress:
@@ -420,28 +360,8 @@ def write_report(run_dir: Path, say: Say | None) -> str | None:
         return None
 
 
-# what a resumed run may change: none of it changes what is sampled or trained. run.ray_address may (a cluster is
-# where workers run, not what they sample); run.executor and run.num_workers may not (each worker samples its share
-# of a step's prompts with its own seed, so the split and the seeds follow them). policy.device may, so that a run
-# saved on a GPU resumes on a CPU: the algorithm is the same, but float rounding and the sampler's random stream
-# differ between devices, so only a resume on the same device repeats the uninterrupted run exactly. run.out_dir may:
-# a run folder moved or copied elsewhere (a comparison's runs gathered from several machines) is the same run.
-RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.eval_every", "run.checkpoint_every",
-                     "run.ray_address", "policy.device", "run.out_dir")
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and key != "embedded" and key != "options":
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _check_run_dir(config: TrainConfig, resume: bool) -> None:
-    """A new run never writes into an old one; a resumed run keeps its config (it may only run longer)."""
+    """A new run never writes into an old one; a resumed run keeps its config (`resume_differences`)."""
     out = config.out_dir()
     saved_path = out / checkpoint.CONFIG_FILE
     if not resume:
@@ -451,11 +371,7 @@ def _check_run_dir(config: TrainConfig, resume: bool) -> None:
     if saved_path.exists():
         import json
 
-        # a key the saved config lacks was added to tracerl since; the run had its default's behaviour
-        saved = {**_flatten(TrainConfig().to_dict()), **_flatten(json.loads(saved_path.read_text()))}
-        now = _flatten(config.to_dict())
-        changed = sorted(k for k in set(saved) | set(now)
-                         if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+        changed = resume_differences(json.loads(saved_path.read_text()), config)
         if changed:
             raise ValueError(f"--resume with a config that differs from {saved_path} in {changed}; resume with "
                              f"--config {saved_path} (only {', '.join(RESUMABLE_CHANGES)} may change)")

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tracerl.core.history import History
+
 from tracerl.io.actions import Tool, call_tool, parse_action
 from tracerl.io.env import StepResult
 
@@ -88,3 +90,9 @@ class Domain(ABC):
     @abstractmethod
     def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
         """The scripted expert's next policy text, given the (action, observation) pairs so far."""
+
+    def state_features(self, history: History) -> dict[str, float]:
+        """Named features of a history's state for the success predictor (`tracerl.core.features`: e.g. hops
+        remaining), read from what the policy sees only, never the gold answer; {} = text features only. Whoever
+        builds the predictor hands it this hook (`make_predictor(..., state_features=domain.state_features)`)."""
+        return {}

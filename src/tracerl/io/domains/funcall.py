@@ -39,7 +39,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tracerl.core.features import register_state_features
 from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
@@ -267,7 +266,6 @@ def history_state(history: History) -> dict[str, float]:
             f"last={last}": 1.0}
 
 
-register_state_features(DATA_SOURCE, history_state)
 
 
 # ---------------------------------------------------------------- environment
@@ -412,6 +410,9 @@ def split_of(question: str) -> str:
 
 class FuncallDomain(Domain):
     """Rows of the built-in suite, its environment, and a scripted expert that replays the required calls."""
+
+    def state_features(self, history: History) -> dict[str, float]:
+        return history_state(history)
 
     name = DATA_SOURCE
 

@@ -35,7 +35,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tracerl.core.features import register_state_features
 from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
@@ -204,6 +203,9 @@ def _derived_seed(*parts: Any) -> int:
 class MathDomain(Domain):
     """Rows from reasoning-gym generators; the seed of a draw is the `seed` argument of `rows`."""
 
+    def state_features(self, history: History) -> dict[str, float]:
+        return history_state(history)
+
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))  # generator -> weight (normalised)
     test_fraction: float = 0.2  # share of all questions (by hash of the text) held out for the test split
     limits: Any = None  # SandboxLimits for the python tool; None: the sandbox's defaults (5 s, 512 MB)
@@ -286,8 +288,6 @@ def history_state(history: History) -> dict[str, float]:
             f"last={last}": 1.0}
 
 
-for _source in ("math", "gsm8k"):
-    register_state_features(_source, history_state)
 
 
 # -- files ---------------------------------------------------------------------------------------

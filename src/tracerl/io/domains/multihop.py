@@ -36,7 +36,6 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from tracerl.core.features import register_state_features
 from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
@@ -259,6 +258,9 @@ QUERY_FORMS = ("{name} {words}", "{name}")  # the expert's first query for a hop
 class MultiHopDomain(Domain):
     """Generated multi-hop QA; every option changes the world or the questions, so fix them per experiment."""
 
+    def state_features(self, history: History) -> dict[str, float]:
+        return history_state(history)
+
     num_entities: int = 150  # real entities (people, cities, countries, companies, universities)
     num_distractors: int = 60  # look-alike entities that crowd search results but never sit on a chain
     hops: tuple[int, int] = (2, 4)  # inclusive range of relations per question
@@ -436,7 +438,6 @@ def history_state(history: History) -> dict[str, float]:
             f"last_names_needed={named}": 1.0, f"remaining={remaining},depth={min(depth, 8)}": 1.0}
 
 
-register_state_features("multihop", history_state)
 
 
 # -- real data -------------------------------------------------------------------------------------

@@ -1,0 +1,135 @@
+"""Where a run's rollouts are sampled, behind one interface: `make_runner(config, policy, engine, out_dir)`.
+
+A runner is a `tracerl.core.growth.RolloutRunner` (`run_roots`, `run_continuations`) plus
+
+- `set_rows(rows, seed) -> histories`: the step's candidate pool and its sampling seed (worker i of a Ray runner
+  samples with `worker_seed(seed, i)`; worker 0 and the local runner sample with `seed` itself, so one Ray worker
+  samples what the local runner samples);
+- `take_counters() -> dict`: the rollout counters (`rollout/turns`, `rollout/tool_errors`, ...) since the last take;
+- `close()`: stops what the runner started (Ray workers, and the loopback Ray cluster if it started one).
+
+`LocalRunner` is a `ReActDriver` over the trainer's engine in this process (run.executor="local"); `RayRunner` is
+`RayRolloutRunner` workers that are clients of policy.base_url (run.executor="ray"). The trainer never asks which.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tracerl.core.history import History
+from tracerl.core.tree import Tree
+from tracerl.io.driver import ReActDriver
+from tracerl.io.engine import SamplingParams
+
+
+class LocalRunner:
+    """A fresh `ReActDriver` per step over `engine`, sampling with the step's seed."""
+
+    def __init__(self, engine: Any, renderer: Any, domain: Any, limits: Any, temperature: float, top_p: float):
+        self.engine, self.renderer, self.domain, self.limits = engine, renderer, domain, limits
+        self.temperature, self.top_p = temperature, top_p
+        self.driver: ReActDriver | None = None
+        self._taken: Counter[str] = Counter()
+
+    def set_rows(self, rows: Sequence[dict[str, Any]], seed: int | None) -> list[History]:
+        self.driver = ReActDriver(self.engine, self.renderer, self.domain, limits=self.limits,
+                                  sampling=SamplingParams(self.temperature, self.top_p, seed=seed))
+        self._taken = Counter()
+        return self.driver.set_rows(rows)
+
+    def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
+        return self.driver.run_roots(prompt_indices, counts)
+
+    def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
+        return self.driver.run_continuations(requests)
+
+    def take_counters(self) -> dict[str, int]:
+        now = Counter(self.driver.counters) if self.driver is not None else Counter()
+        out = {k: v - self._taken[k] for k, v in now.items()}
+        self._taken = now
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class RayRunner:
+    """`RayRolloutRunner` workers, and the local Ray cluster when this runner started it."""
+
+    def __init__(self, workers: Any, owns_ray: bool):
+        self.workers, self.owns_ray = workers, owns_ray
+        self._taken: Counter[str] = Counter()
+
+    def set_rows(self, rows: Sequence[dict[str, Any]], seed: int | None) -> list[History]:
+        return self.workers.set_rows(rows, seed=seed)
+
+    def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
+        return self.workers.run_roots(prompt_indices, counts)
+
+    def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
+        return self.workers.run_continuations(requests)
+
+    def take_counters(self) -> dict[str, int]:
+        now = Counter(self.workers.counters)  # the workers count over the whole run
+        out = {k: v - self._taken[k] for k, v in now.items()}
+        self._taken = now
+        return out
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+            self.owns_ray = False
+
+
+def make_runner(config: Any, policy: Any, engine: Any, out_dir: Path,
+                say: Callable[[str], None] = lambda message: None) -> LocalRunner | RayRunner:
+    """The runner `config.run.executor` names, for `policy` (a `tracerl.train.policy` policy: tokenizer, renderer,
+    domain, limits).
+
+    Ray: the one this process already initialised, else the cluster at run.ray_address, else a loopback-only local
+    cluster with a CPU per worker (a reservation, not cores: workers mostly wait on the server) and a 100 MiB object
+    store (a step's pool and trees are a few MB). The workers load the policy's tokenizer from <out_dir>/tokenizer
+    and build the domain the policy was built for."""
+    sampling = config.sampling
+    if config.run.executor != "ray":
+        return LocalRunner(engine, policy.renderer, policy.domain, policy.limits, sampling.temperature,
+                           sampling.top_p)
+    import ray
+
+    from tracerl.executors.cluster import start_ray
+    from tracerl.executors.ray_runner import RayRolloutRunner
+
+    run, cfg = config.run, config.policy
+    owns_ray = False
+    if ray.is_initialized():
+        say("rollout workers on the Ray cluster this process already uses")
+    else:
+        start_ray(run.ray_address or None, num_cpus=run.num_workers, object_store_bytes=100 * 2**20)
+        owns_ray = True
+    if cfg.model == "embedded":  # the domain the embedded build was trained on, as load_policy builds it
+        from tracerl.policy.embedded import EmbeddedConfig
+
+        domain = EmbeddedConfig.from_dict(cfg.embedded).make_domain
+    else:
+        domain = config.data.domain
+    try:
+        tokenizer_dir = (Path(out_dir) / "tokenizer").resolve()
+        policy.tokenizer.save_pretrained(tokenizer_dir)
+        workers = RayRolloutRunner(
+            cfg.base_url, str(tokenizer_dir), domain, num_workers=run.num_workers,
+            model=cfg.served_model_name or None, limits=policy.limits,
+            sampling=SamplingParams(sampling.temperature, sampling.top_p),
+            engine_options={"n_mode": cfg.n_mode, "max_concurrency": cfg.max_batch_size})
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
+    say(f"{run.num_workers} rollout workers on Ray, clients of {cfg.base_url}")
+    return RayRunner(workers, owns_ray)
