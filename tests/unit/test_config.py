@@ -78,3 +78,84 @@ def test_files(tmp_path):
     (tmp_path / "a.yaml").write_text("x: 1")
     with pytest.raises(ValueError, match="use a .toml or .json file"):
         load_file(tmp_path / "a.yaml")
+
+
+# ---------------------------------------------------------------- hostile config files and values
+# What TOML and JSON allow that a config must not accept: nesting deep enough to exhaust the parser's stack, bytes
+# that are not UTF-8, integers too long to convert, repeated keys (JSON keeps the last silently), NaN and infinity,
+# numbers too large for a float, huge files, and templates whose placeholders fail (or allocate) only when used.
+# Each must be a ValueError that names the file or the key, at load.
+
+import math  # noqa: E402
+
+from tracerl.train.config import load_config  # noqa: E402
+
+
+@dataclass(frozen=True)
+class WithOptions:
+    options: dict = field(default_factory=dict)
+    rate: float = 0.5
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ("deep_table.toml", "a = " + "{b = " * 100_000 + "1" + "}" * 100_000 + "\n"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000),
+    ("long_int.json", '{"run": {"seed": ' + "9" * 5000 + "}}"),
+    ("long_int.toml", "[run]\nseed = " + "9" * 5000 + "\n"),
+    ("repeated.json", '{"method": "grpo", "method": "trace"}'),
+    ("nan.json", '{"inner": {"rate": NaN}}'),
+    ("inf.json", '{"inner": {"rate": -Infinity}}'),
+    ("huge.toml", "# padding\n" * 300_000 + 'method = "grpo"\n'),
+])
+def test_a_hostile_file_is_a_clear_error_naming_it(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"config file {path}") as caught:
+        load_file(path)
+    assert not isinstance(caught.value, UnicodeError)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_bytes_that_are_not_utf8_name_the_file(tmp_path, suffix):
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(b'method = "gr\xf6po"\n' if suffix == ".toml" else b'{"method": "gr\xf6po"}')
+    with pytest.raises(ValueError, match=f"config file {path}.*UTF-8"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 10**400], ids=["nan", "inf", "10**400"])
+def test_a_float_field_takes_only_finite_numbers(value):
+    with pytest.raises(ValueError, match=r"inner\.rate.*finite number"):
+        from_dict(Outer, {"inner": {"rate": value}}, where="")
+
+
+@pytest.mark.parametrize("options", [{"l2": math.nan}, {"deep": [{"x": math.inf}]}, {"low": -math.inf}])
+def test_a_table_field_holds_no_nan_or_infinity(options):
+    with pytest.raises(ValueError, match=r"options.*finite"):
+        from_dict(WithOptions, {"options": options}, where="")
+
+
+def test_a_deeply_nested_override_is_a_clear_error():
+    with pytest.raises(ValueError, match="--set"):
+        parse_override("policy.embedded=" + "[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("template, words", [
+    ("runs/{nope}", "{nope}"),
+    ("runs/{seed:>999999999}", "format"),
+    ("runs/{method.__class__}", "{method.__class__}"),
+    ("runs/{method[0]}", "{method[0]}"),
+    ("runs/{method!r}", "conversion"),
+    ("runs/{", "brace"),
+    ("runs/}", "brace"),
+    ("runs/{}", "{}"),
+])
+def test_a_template_is_checked_at_load_not_when_first_used(template, words):
+    with pytest.raises(ValueError, match=r"run\.out_dir.*" + __import__("re").escape(words)):
+        load_config(None, [f"run.out_dir={template}"], machine=False)
+
+
+def test_a_good_template_still_loads():
+    config = load_config(None, ["run.out_dir=runs/{method}/{seed}-{{literal}}", "run.seed=3"], machine=False)
+    assert str(config.out_dir()) == "runs/trace/3-{literal}"
