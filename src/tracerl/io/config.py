@@ -141,7 +141,6 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected a table of keys, got {value!r}")
-        _check_finite(value, where)
         return dict(value)
     if hint is bool:
         if not isinstance(value, bool):
@@ -154,8 +153,10 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where}: expected a number, got {value!r:.80}")
-        _check_finite(value, where)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{where}={value!r:.40} must be a finite number") from None
     if hint is str:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
@@ -215,6 +216,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     for name, value in data.items():
         key = f"{where}.{name}" if where else name
         kwargs[name] = _check_type(value, hints[name], key)
+        if "rule" not in fields[name].metadata:  # a knob's rule says the same, with its range (tracerl.core.rules)
+            _check_finite(kwargs[name], key)
         names = template_names(fields[name].default) if hints[name] is str else ()
         if names:
             check_template(kwargs[name], names, key)
