@@ -159,3 +159,52 @@ def test_a_template_is_checked_at_load_not_when_first_used(template, words):
 def test_a_good_template_still_loads():
     config = load_config(None, ["run.out_dir=runs/{method}/{seed}-{{literal}}", "run.seed=3"], machine=False)
     assert str(config.out_dir()) == "runs/trace/3-{literal}"
+
+
+# ---------------------------------------------------------------- written after the fix
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
+def test_a_config_path_that_is_not_a_regular_file_is_named_without_blocking(tmp_path, kind):
+    import os
+
+    path = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=f"config file {path} is not a regular file"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"trace"', "null"])
+def test_a_json_config_is_a_table(tmp_path, text):
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(ValueError, match="not a table of keys"):
+        load_file(tmp_path / "c.json")
+
+
+@pytest.mark.parametrize("override, words", [
+    ("policy.embedded={\"lr\": NaN}", r"policy\.embedded\.lr=nan must be a finite number"),
+    ("predictor.options={\"l2\": [1, Infinity]}", r"predictor\.options\.l2\[1\]=inf must be a finite number"),
+    ("optim.lr=NaN", r"optim\.lr=nan must be a finite number > 0"),
+    ("optim.lr=" + "1" * 400, r"optim\.lr=1111.* must be a finite number"),
+    ("run.seed=" + "9" * 5000, r"--set run\.seed=\.\.\.: .*digits"),
+])
+def test_overrides_are_checked_like_files(override, words):
+    with pytest.raises(ValueError, match=words):
+        load_config(None, [override], machine=False)
+
+
+def test_a_knob_in_a_toml_file_keeps_its_range_in_the_message(tmp_path):
+    (tmp_path / "c.toml").write_text("[optim]\nlr = nan\n")
+    with pytest.raises(ValueError, match=r"optim\.lr=nan must be a finite number > 0"):
+        load_config(tmp_path / "c.toml", machine=False)
+
+
+def test_template_names_come_from_the_default():
+    from tracerl.io.config import template_names
+
+    assert template_names("runs/{method}-seed{seed}") == ("method", "seed")
+    assert template_names("plain") == () and template_names("{") == () and template_names(None) == ()

@@ -165,3 +165,53 @@ def test_a_lone_surrogate_in_a_row_is_encodable(tmp_path, renderer):
     loaded = load(tmp_path, row([{"role": "user", "content": "What is \ud800 2+2?"}]))
     ids = renderer.prompt_ids(loaded[0]["prompt"])
     assert "What is" in renderer.decode(ids)
+
+
+# ---------------------------------------------------------------- written after the fix
+
+def test_parquet_rows_with_null_filled_struct_keys_load(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [row([{"role": "system", "content": "be brief"}, {"role": "user", "content": "q?"}], extra_info={"i": 1}),
+            row([{"role": "user", "content": "q2?", "name": "ann"}], extra_info={"i": 2})]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    with pytest.raises(ValueError, match=r"row 2\b.*prompt\[0\] has key\(s\) \['name'\]"):
+        load_rows([tmp_path / "rows.parquet"], "train")
+    pq.write_table(pa.Table.from_pylist(rows[:1] + [row([{"role": "user", "content": "q2?"}], extra_info={"i": 2})]),
+                   tmp_path / "rows.parquet")
+    loaded = load_rows([tmp_path / "rows.parquet"], "train")
+    assert [r["prompt"] for r in loaded] == [rows[0]["prompt"], [{"role": "user", "content": "q2?"}]]
+
+
+def test_a_missing_role_or_content_is_named(tmp_path):
+    refused(tmp_path, row([{"content": "q?"}]), r"prompt\[0\]\.role is null")
+    refused(tmp_path, row([{"role": "user"}]), r"prompt\[0\]\.content is null")
+
+
+def test_check_row_leaves_its_input_alone():
+    from tracerl.io.rows import check_row
+
+    raw = row([{"role": "user", "content": [{"type": "text", "text": "q?"}]}])
+    before = json.loads(json.dumps(raw))
+    checked = check_row(raw, "row 1")
+    assert raw == before and checked["prompt"] == [{"role": "user", "content": "q?"}]
+
+
+@pytest.mark.parametrize("record, words", [
+    ({"question": "   ", "answer": "#### 4"}, r"line 1.*prompt\[1\]\.content is blank"),
+    ({"problem": "", "solution": "\\boxed{4}"}, r"line 1.*prompt\[1\]\.content is blank"),
+])
+def test_a_built_in_file_loader_checks_its_rows_too(tmp_path, record, words):
+    from tracerl.io.domains.math import load_math_file
+
+    (tmp_path / "m.jsonl").write_text(json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=words):
+        load_math_file(tmp_path / "m.jsonl")
+
+
+def test_neutralise_is_idempotent(renderer):
+    from tracerl.io.chat import neutralise
+
+    once, count = neutralise(CONTROL, renderer.specials)
+    assert count == 5 and neutralise(once, renderer.specials) == (once, 0)

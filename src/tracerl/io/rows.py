@@ -4,7 +4,8 @@ A row is a JSON object: `data_source` (text or null), `prompt` (a list of chat m
 question), `reward_model` (an object with `ground_truth`, any JSON value, since the reward reads it) and
 `extra_info` (an object or null). A message is exactly `{"role", "content"}`: the role one of `ROLES`, the content
 a string or a list of OpenAI text parts `[{"type": "text", "text": ...}]`, joined by newlines (as vLLM's chat
-utilities join text parts). The last message is the user's, and its text is not blank. Anything else is refused
+utilities join text parts). The last message is the user's, and its text is not blank. A key whose value is null
+counts as absent (parquet gives every struct in a column the union of their keys, filling the missing with null). Anything else is refused
 with a `ValueError` naming the row and the field (`data/train.jsonl row 3: prompt[0].content is null; ...`), so
 no row trains on an empty question or on the Python repr of a value.
 
@@ -31,6 +32,11 @@ def _kind(value: Any) -> str:
     return f"{kind} ({value!r:.40})"
 
 
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` without the keys whose value is null."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _content(content: Any, where: str) -> str:
     """A message's content as text: a string, or OpenAI text parts joined by newlines."""
     if isinstance(content, str):
@@ -43,6 +49,7 @@ def _content(content: Any, where: str) -> str:
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
             raise ValueError(f"{at} is {_kind(part)}; a content part is {{'type': 'text', 'text': '...'}}")
+        part = _present(part)
         if part.get("type") != "text":
             raise ValueError(f"{at}.type is {_kind(part.get('type'))}; only text parts are supported "
                              "({'type': 'text', 'text': '...'}): images and other parts cannot be trained on here")
@@ -69,10 +76,10 @@ def check_prompt(prompt: Any, where: str) -> list[dict[str, str]]:
         at = f"{head} prompt[{i}]"
         if not isinstance(message, dict):
             raise ValueError(f"{at} is {_kind(message)}, not a message {MESSAGE}")
-        extra, missing = sorted(set(message) - {"role", "content"}), sorted({"role", "content"} - set(message))
-        if extra or missing:
-            raise ValueError(f"{at} " + (f"has key(s) {extra}" if extra else f"lacks {missing}")
-                             + "; a message holds exactly 'role' and 'content'")
+        message = {"role": None, "content": None, **_present(message)}  # a missing one is named as null below
+        extra = sorted(set(message) - {"role", "content"})
+        if extra:
+            raise ValueError(f"{at} has key(s) {extra}; a message holds only 'role' and 'content'")
         role = message["role"]
         if not isinstance(role, str) or role not in ROLES:
             raise ValueError(f"{at}.role is {_kind(role)}; use one of {', '.join(ROLES)}")
