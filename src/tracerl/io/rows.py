@@ -5,9 +5,9 @@ question), `reward_model` (an object with `ground_truth`, any JSON value, since 
 `extra_info` (an object or null). A message is exactly `{"role", "content"}`: the role one of `ROLES`, the content
 a string or a list of OpenAI text parts `[{"type": "text", "text": ...}]`, joined by newlines (as vLLM's chat
 utilities join text parts). The last message is the user's, and its text is not blank. A key whose value is null
-counts as absent (parquet gives every struct in a column the union of their keys, filling the missing with null). Anything else is refused
-with a `ValueError` naming the row and the field (`data/train.jsonl row 3: prompt[0].content is null; ...`), so
-no row trains on an empty question or on the Python repr of a value.
+counts as absent (parquet gives every struct of a column the union of their keys, the missing ones null). Anything
+else is refused with a `ValueError` naming the row and the field (`data/train.jsonl row 3: prompt[0].content is
+null; ...`), so no row trains on an empty question or on the Python repr of a value.
 
 Deliberately not here: what the text says (control tokens written in it are neutralised when the prompt is
 rendered, by the function that neutralises tool observations: `tracerl.io.chat.neutralise`), images and other
