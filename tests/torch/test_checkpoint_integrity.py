@@ -64,3 +64,333 @@ def test_round_trip_still_exact(tmp_path):
     model, optimizer = _model_and_optimizer(8)
     assert checkpoint.load(tmp_path, model, optimizer, None)["step"] == 4
     assert torch.equal(model.weight, saved.weight) and torch.equal(model.bias, saved.bias)
+
+
+# ---------------------------------------------------------------- hostile checkpoint folders
+# What a checkpoint folder on disk can hold that a save never writes: manifests that leave files out, list names
+# that are not files of the folder (absolute paths, `..`, devices, FIFOs, symlinks), repeat a key or are huge; a
+# `latest` pointer or step folder that leads outside the run; a run whose config.json is gone. Each must be refused
+# quickly with a CheckpointError, never loaded and never hang.
+
+import contextlib  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+
+EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+
+class Blocked(BaseException):
+    """Raised by `_within`; a BaseException so that no `except OSError` or `except Exception` can take it for a
+    refusal."""
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+    """Fail (instead of hanging the suite) when the body blocks for longer than `seconds`."""
+    def expire(signum, frame):
+        raise Blocked(f"blocked for more than {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _manifest(folder):
+    return json.loads((folder / checkpoint.MANIFEST_FILE).read_text())
+
+
+def _write_manifest(folder, manifest):
+    (folder / checkpoint.MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def _entry(path):
+    data = path.read_bytes()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _refused(run_dir, match=None):
+    """load raises CheckpointError (matching `match`) within 10 s and leaves the fresh model as it was."""
+    model, optimizer = _model_and_optimizer(3)
+    before = model.weight.detach().clone()
+    with _within(10), pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.load(run_dir, model, optimizer, None)
+    assert torch.equal(model.weight, before), "a refused checkpoint was loaded anyway"
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_file_the_manifest_leaves_out_is_still_verified(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    manifest = _manifest(folder)
+    del manifest["files"]["model.pt"]
+    _write_manifest(folder, manifest)
+    _flip(folder / "model.pt")
+    _refused(tmp_path, "model.pt")
+
+
+def test_an_empty_manifest_verifies_nothing_and_is_refused(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    _write_manifest(folder, {"files": {}})
+    _refused(tmp_path, "model.pt")
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../../../../../../dev/zero", "sub/model.pt", "..", "", ".",
+                                  "manifest.json"])
+def test_a_manifest_entry_that_is_not_a_file_of_the_folder_is_refused_without_opening_it(tmp_path, name):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    manifest = _manifest(folder)
+    manifest["files"][name] = {"sha256": EMPTY_SHA, "bytes": 0}
+    _write_manifest(folder, manifest)
+    _refused(tmp_path)
+
+
+def test_a_file_listed_that_loading_never_reads_is_refused(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    (folder / "notes.txt").write_text("hello")
+    manifest = _manifest(folder)
+    manifest["files"]["notes.txt"] = _entry(folder / "notes.txt")
+    _write_manifest(folder, manifest)
+    _refused(tmp_path, "notes.txt")
+
+
+def test_a_symlink_in_place_of_a_listed_file_is_refused_even_when_its_bytes_match(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    elsewhere = tmp_path / "elsewhere.pt"
+    elsewhere.write_bytes((folder / "model.pt").read_bytes())
+    (folder / "model.pt").unlink()
+    (folder / "model.pt").symlink_to(elsewhere)
+    _refused(tmp_path, "model.pt")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_listed_file_that_is_a_fifo_device_or_folder_is_refused_without_blocking(tmp_path, kind):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    target = folder / "model.pt"
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "device":
+        target.symlink_to("/dev/zero")
+    else:
+        target.mkdir()
+    manifest = _manifest(folder)
+    manifest["files"]["model.pt"] = {"sha256": EMPTY_SHA, "bytes": 0}  # what stat says of a FIFO or a device
+    _write_manifest(folder, manifest)
+    _refused(tmp_path, "model.pt")
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    (folder / checkpoint.MANIFEST_FILE).unlink()
+    os.mkfifo(folder / checkpoint.MANIFEST_FILE)
+    _refused(tmp_path, "manifest.json")
+
+
+def test_a_manifest_with_a_repeated_key_is_refused(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    text = (folder / checkpoint.MANIFEST_FILE).read_text()
+    # two entries for model.pt: a reader taking the first and one taking the last would verify different claims
+    text = text.replace('"model.pt":', '"model.pt": {"sha256": "%s", "bytes": 0}, "model.pt":' % EMPTY_SHA, 1)
+    (folder / checkpoint.MANIFEST_FILE).write_text(text)
+    _refused(tmp_path, "model.pt")
+
+
+def test_a_huge_manifest_is_refused_before_it_is_parsed(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    text = (folder / checkpoint.MANIFEST_FILE).read_text()
+    (folder / checkpoint.MANIFEST_FILE).write_text(text[:-1] + " " * (8 << 20) + "}")
+    _refused(tmp_path, "manifest.json")
+
+
+def test_a_truncated_file_is_refused(tmp_path):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    data = (folder / "model.pt").read_bytes()
+    (folder / "model.pt").write_bytes(data[: len(data) // 2])
+    _refused(tmp_path, "model.pt")
+
+
+def test_an_unlisted_extra_file_is_never_opened(tmp_path):
+    folder, saved = _save(tmp_path, 1, seed=1)
+    os.mkfifo(folder / "stray")  # opening it would block
+    model, optimizer = _model_and_optimizer(3)
+    with _within(10):
+        assert checkpoint.load(tmp_path, model, optimizer, None)["step"] == 1
+    assert torch.equal(model.weight, saved.weight)
+
+
+def _foreign_checkpoint(tmp_path):
+    """A complete, self-consistent checkpoint of another run (seed 9)."""
+    folder, model = _save(tmp_path / "other", 1, seed=9)
+    return folder, model
+
+
+def test_a_latest_pointer_leading_outside_the_run_is_not_followed(tmp_path):
+    run = tmp_path / "run"
+    _, own = _save(run, 1, seed=1)
+    foreign, _ = _foreign_checkpoint(tmp_path)
+    for pointer in (str(foreign), f"../../other/checkpoints/{foreign.name}"):
+        (run / "checkpoints" / "latest").write_text(pointer + "\n")
+        model, optimizer = _model_and_optimizer(3)
+        with pytest.warns(RuntimeWarning, match="latest"):
+            assert checkpoint.load(run, model, optimizer, None)["step"] == 1
+        assert torch.equal(model.weight, own.weight), f"latest={pointer!r} loaded a checkpoint of another run"
+
+
+def test_a_step_folder_that_is_a_symlink_is_skipped(tmp_path):
+    run = tmp_path / "run"
+    _, own = _save(run, 1, seed=1)
+    foreign, _ = _foreign_checkpoint(tmp_path)
+    (run / "checkpoints" / "step-000002").symlink_to(foreign, target_is_directory=True)
+    (run / "checkpoints" / "latest").write_text("step-000002\n")
+    model, optimizer = _model_and_optimizer(3)
+    with pytest.warns(RuntimeWarning, match="step-000002"):
+        assert checkpoint.load(run, model, optimizer, None)["step"] == 1
+    assert torch.equal(model.weight, own.weight)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_latest_pointer_that_is_not_a_regular_file_is_skipped_not_taken_for_a_fresh_run(tmp_path, kind):
+    _, own = _save(tmp_path, 1, seed=1)
+    pointer = tmp_path / "checkpoints" / "latest"
+    pointer.unlink()
+    if kind == "fifo":
+        os.mkfifo(pointer)
+    elif kind == "device":
+        pointer.symlink_to("/dev/zero")
+    else:
+        pointer.mkdir()
+    model, optimizer = _model_and_optimizer(3)
+    with _within(10), pytest.warns(RuntimeWarning, match="latest"):
+        state = checkpoint.load(tmp_path, model, optimizer, None)
+    assert state is not None and state["step"] == 1, "a run with a checkpoint was taken for a fresh one"
+    assert torch.equal(model.weight, own.weight)
+
+
+def test_a_resume_whose_run_config_is_gone_is_refused(tmp_path):
+    """The checkpoint holds the config it was saved with; without the run's config.json nothing says the resume
+    runs with that config (another method or learning rate would load silently)."""
+    checkpoint.save_config(tmp_path, {"method": "trace", "optim": {"lr": 0.1}})
+    _save(tmp_path, 1, seed=1)
+    (tmp_path / checkpoint.CONFIG_FILE).unlink()
+    _refused(tmp_path, "config.json")
+
+
+# ---------------------------------------------------------------- the config is part of every checkpoint
+
+SAVED = {"method": "trace", "run": {"num_steps": 12, "seed": 0}, "optim": {"lr": 0.1},
+         "predictor": {"options": {"l2": 0.1}}}
+RULES = {"may_change": ("run.num_steps",), "defaults": {"run": {"added_since": 1}}}
+
+
+def _with(config, **changes):
+    out = json.loads(json.dumps(config))
+    for dotted, value in changes.items():
+        node = out
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return out
+
+
+def _load_with(run_dir, config):
+    model, optimizer = _model_and_optimizer(3)
+    return checkpoint.load(run_dir, model, optimizer, None, config=config, **RULES)
+
+
+def test_a_resume_with_another_config_is_refused_naming_the_keys(tmp_path):
+    checkpoint.save_config(tmp_path, SAVED)
+    _save(tmp_path, 1, seed=1)
+    assert json.loads((tmp_path / "checkpoints" / "step-000001" / "config.json").read_text()) == SAVED
+    with pytest.raises(checkpoint.CheckpointError, match=r"\['method', 'optim.lr'\].*only run.num_steps may change"):
+        _load_with(tmp_path, _with(SAVED, method="grpo", optim__lr=0.2))
+    with pytest.raises(checkpoint.CheckpointError, match=r"\['predictor.options.l2'\]"):
+        _load_with(tmp_path, _with(SAVED, predictor__options__l2=0.5))
+    assert _load_with(tmp_path, _with(SAVED, run__num_steps=40))["step"] == 1, "num_steps may change on a resume"
+    # a key added since the save: the saved run had the default, so only the default resumes
+    assert _load_with(tmp_path, _with(SAVED, run__added_since=1))["step"] == 1
+    with pytest.raises(checkpoint.CheckpointError, match=r"\['run.added_since'\]"):
+        _load_with(tmp_path, _with(SAVED, run__added_since=2))
+
+
+def test_without_a_config_argument_the_runs_config_json_is_compared(tmp_path):
+    checkpoint.save_config(tmp_path, SAVED)
+    _save(tmp_path, 1, seed=1)
+    checkpoint.save_config(tmp_path, _with(SAVED, optim__lr=0.3))
+    with pytest.raises(checkpoint.CheckpointError, match=r"\['optim.lr'\]"):
+        checkpoint.load(tmp_path, *_model_and_optimizer(3), None, **RULES)
+    checkpoint.save_config(tmp_path, SAVED)
+    assert checkpoint.load(tmp_path, *_model_and_optimizer(3), None, **RULES)["step"] == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "repeated key", "nested"])
+def test_a_hostile_run_config_json_is_refused_without_blocking(tmp_path, kind):
+    checkpoint.save_config(tmp_path, SAVED)
+    _save(tmp_path, 1, seed=1)
+    run_config = tmp_path / checkpoint.CONFIG_FILE
+    run_config.unlink()
+    if kind == "fifo":
+        os.mkfifo(run_config)
+    elif kind == "device":
+        run_config.symlink_to("/dev/zero")
+    elif kind == "repeated key":
+        run_config.write_text('{"method": "trace", "method": "grpo"}')
+    else:
+        run_config.write_text("[" * 100_000 + "]" * 100_000)
+    _refused(tmp_path, "config.json")
+
+
+def test_a_checkpoint_without_its_config_is_refused(tmp_path):
+    checkpoint.save_config(tmp_path, SAVED)
+    folder, _ = _save(tmp_path, 1, seed=1)
+    (folder / "config.json").unlink()
+    manifest = _manifest(folder)
+    del manifest["files"]["config.json"]
+    _write_manifest(folder, manifest)
+    _refused(tmp_path, r"does not list \['config.json'\]")
+
+
+@pytest.mark.parametrize("entry", [{"sha256": EMPTY_SHA.upper(), "bytes": 0}, {"sha256": EMPTY_SHA, "bytes": True},
+                                   {"sha256": EMPTY_SHA, "bytes": -1}, {"sha256": EMPTY_SHA, "bytes": 1.5},
+                                   {"sha256": EMPTY_SHA}, {"sha256": EMPTY_SHA, "bytes": 0, "mode": "x"}, None, []])
+def test_a_malformed_manifest_entry_is_refused(tmp_path, entry):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    manifest = _manifest(folder)
+    manifest["files"]["model.pt"] = entry
+    _write_manifest(folder, manifest)
+    _refused(tmp_path, "model.pt")
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '{"files": []}', '{"files": {}, "extra": 1}', '{"files": {"a": NaN}}',
+                                  "\xff"])
+def test_a_malformed_manifest_is_refused(tmp_path, text):
+    folder, _ = _save(tmp_path, 1, seed=1)
+    (folder / checkpoint.MANIFEST_FILE).write_text(text, encoding="latin-1")
+    _refused(tmp_path, "manifest.json")
+
+
+def test_a_checkpoint_saved_without_a_predictor_is_refused_by_a_run_with_one(tmp_path):
+    from tracerl.core.predictor import make_predictor
+
+    _save(tmp_path, 1, seed=1)
+    model, optimizer = _model_and_optimizer(3)
+    with pytest.raises(checkpoint.CheckpointError, match="saved without a predictor"):
+        checkpoint.load(tmp_path, model, optimizer, make_predictor("hashed_logistic"))
+
+
+def test_config_changes_compares_leaves_by_value():
+    nan = {"a": {"x": float("nan")}, "b": [1, 2]}
+    assert checkpoint.config_changes(nan, json.loads(json.dumps(nan))) == []
+    assert checkpoint.config_changes({"a": {"x": 1}}, {"a": {"x": 1, "y": 2}}) == ["a.y"]
+    assert checkpoint.config_changes({"a": {"x": 1}}, {"a": 1}) == ["a", "a.x"]
+    assert checkpoint.config_changes({"run": {"dir": "a"}}, {"run": {"dir": "b"}}, may_change=("run",)) == []
+    assert checkpoint.config_changes({"run2": 1}, {"run2": 2}, may_change=("run",)) == ["run2"]

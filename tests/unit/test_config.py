@@ -78,3 +78,133 @@ def test_files(tmp_path):
     (tmp_path / "a.yaml").write_text("x: 1")
     with pytest.raises(ValueError, match="use a .toml or .json file"):
         load_file(tmp_path / "a.yaml")
+
+
+# ---------------------------------------------------------------- hostile config files and values
+# What TOML and JSON allow that a config must not accept: nesting deep enough to exhaust the parser's stack, bytes
+# that are not UTF-8, integers too long to convert, repeated keys (JSON keeps the last silently), NaN and infinity,
+# numbers too large for a float, huge files, and templates whose placeholders fail (or allocate) only when used.
+# Each must be a ValueError that names the file or the key, at load.
+
+import math  # noqa: E402
+
+from tracerl.train.config import load_config  # noqa: E402
+
+
+@dataclass(frozen=True)
+class WithOptions:
+    options: dict = field(default_factory=dict)
+    rate: float = 0.5
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ("deep_table.toml", "a = " + "{b = " * 100_000 + "1" + "}" * 100_000 + "\n"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000),
+    ("long_int.json", '{"run": {"seed": ' + "9" * 5000 + "}}"),
+    ("long_int.toml", "[run]\nseed = " + "9" * 5000 + "\n"),
+    ("repeated.json", '{"method": "grpo", "method": "trace"}'),
+    ("nan.json", '{"inner": {"rate": NaN}}'),
+    ("inf.json", '{"inner": {"rate": -Infinity}}'),
+    ("huge.toml", "# padding\n" * 300_000 + 'method = "grpo"\n'),
+])
+def test_a_hostile_file_is_a_clear_error_naming_it(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"config file {path}") as caught:
+        load_file(path)
+    assert not isinstance(caught.value, UnicodeError)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_bytes_that_are_not_utf8_name_the_file(tmp_path, suffix):
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(b'method = "gr\xf6po"\n' if suffix == ".toml" else b'{"method": "gr\xf6po"}')
+    with pytest.raises(ValueError, match=f"config file {path}.*UTF-8"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 10**400], ids=["nan", "inf", "10**400"])
+def test_a_float_field_takes_only_finite_numbers(value):
+    with pytest.raises(ValueError, match=r"inner\.rate.*finite number"):
+        from_dict(Outer, {"inner": {"rate": value}}, where="")
+
+
+@pytest.mark.parametrize("options", [{"l2": math.nan}, {"deep": [{"x": math.inf}]}, {"low": -math.inf}])
+def test_a_table_field_holds_no_nan_or_infinity(options):
+    with pytest.raises(ValueError, match=r"options.*finite"):
+        from_dict(WithOptions, {"options": options}, where="")
+
+
+def test_a_deeply_nested_override_is_a_clear_error():
+    with pytest.raises(ValueError, match="--set"):
+        parse_override("policy.embedded=" + "[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("template, words", [
+    ("runs/{nope}", "{nope}"),
+    ("runs/{seed:>999999999}", "format"),
+    ("runs/{method.__class__}", "{method.__class__}"),
+    ("runs/{method[0]}", "{method[0]}"),
+    ("runs/{method!r}", "conversion"),
+    ("runs/{", "brace"),
+    ("runs/}", "brace"),
+    ("runs/{}", "{}"),
+])
+def test_a_template_is_checked_at_load_not_when_first_used(template, words):
+    with pytest.raises(ValueError, match=r"run\.out_dir.*" + __import__("re").escape(words)):
+        load_config(None, [f"run.out_dir={template}"], machine=False)
+
+
+def test_a_good_template_still_loads():
+    config = load_config(None, ["run.out_dir=runs/{method}/{seed}-{{literal}}", "run.seed=3"], machine=False)
+    assert str(config.out_dir()) == "runs/trace/3-{literal}"
+
+
+# ---------------------------------------------------------------- written after the fix
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
+def test_a_config_path_that_is_not_a_regular_file_is_named_without_blocking(tmp_path, kind):
+    import os
+
+    path = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=f"config file {path} is not a regular file"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"trace"', "null"])
+def test_a_json_config_is_a_table(tmp_path, text):
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(ValueError, match="not a table of keys"):
+        load_file(tmp_path / "c.json")
+
+
+@pytest.mark.parametrize("override, words", [
+    ("policy.embedded={\"lr\": NaN}", r"policy\.embedded\.lr=nan must be a finite number"),
+    ("predictor.options={\"l2\": [1, Infinity]}", r"predictor\.options\.l2\[1\]=inf must be a finite number"),
+    ("optim.lr=NaN", r"optim\.lr=nan must be a finite number > 0"),
+    ("optim.lr=" + "1" * 400, r"optim\.lr=1111.* must be a finite number"),
+    ("run.seed=" + "9" * 5000, r"--set run\.seed=\.\.\.: .*digits"),
+])
+def test_overrides_are_checked_like_files(override, words):
+    with pytest.raises(ValueError, match=words):
+        load_config(None, [override], machine=False)
+
+
+def test_a_knob_in_a_toml_file_keeps_its_range_in_the_message(tmp_path):
+    (tmp_path / "c.toml").write_text("[optim]\nlr = nan\n")
+    with pytest.raises(ValueError, match=r"optim\.lr=nan must be a finite number > 0"):
+        load_config(tmp_path / "c.toml", machine=False)
+
+
+def test_template_names_come_from_the_default():
+    from tracerl.io.config import template_names
+
+    assert template_names("runs/{method}-seed{seed}") == ("method", "seed")
+    assert template_names("plain") == () and template_names("{") == () and template_names(None) == ()

@@ -9,13 +9,55 @@ conversation with and without the extra message, so any template that renders a 
 concatenation of its messages works (Qwen3, Qwen2.5, Llama 3.x, Hermes, the embedded tokenizer).
 
 Policy tokens are never re-tokenized: the tree keeps the engine's ids; only inserted text is encoded.
+
+Text the project inserts cannot forge the chat template: `neutralise` is the one function every such text goes
+through before it is encoded. It puts a zero-width space after the first character of every added or special
+token of the tokenizer (`<|im_end|>`, `<|im_start|>`, `<tool_call>`, ...) written in the text, so it is encoded as
+plain text, never as the control token, and replaces lone surrogates (a JSON "\\ud800") with "?". `prompt_text`
+applies it to every message of a prompt (a data row's system messages and question) and every string of the tool
+schemas; the driver applies it to every observation (`tracerl.io.driver`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 _MARK = "\u2063OBSERVATION\u2063"  # a probe string no template rewrites
+_BREAK = "\u200b"  # zero-width space: splits a control token's text so the tokenizer cannot match it
+
+
+def special_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A regex matching the text of every added or special token of `tokenizer` (longest first), or None."""
+    try:
+        tokens = set(tokenizer.get_added_vocab())
+    except AttributeError:
+        tokens = set()
+    tokens |= set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    tokens = {t for t in tokens if isinstance(t, str) and len(t) > 1}
+    if not tokens:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def neutralise(text: str, pattern: re.Pattern[str] | None) -> tuple[str, int]:
+    """`text` safe to encode as plain text: lone surrogates become "?", and each match of `pattern` is split
+    after its first character by a zero-width space; (text, number of matches split)."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if pattern is None:
+        return text, 0
+    return pattern.subn(lambda m: m.group(0)[0] + _BREAK + m.group(0)[1:], text)
+
+
+def _neutralise_all(value: Any, pattern: re.Pattern[str] | None) -> Any:
+    """`value` (JSON-like: a tool schema) with `neutralise` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return neutralise(value, pattern)[0]
+    if isinstance(value, dict):
+        return {_neutralise_all(k, pattern): _neutralise_all(v, pattern) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_neutralise_all(v, pattern) for v in value]
+    return value
 
 
 class ChatRenderer:
@@ -28,6 +70,7 @@ class ChatRenderer:
                              f"pass end_of_turn= the token your chat template closes an assistant turn with")
         stops = [vocab[self.end_of_turn]] + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys(stops))
+        self.specials = special_token_pattern(tokenizer)  # what `neutralise` splits in inserted text
         self._between = {role: self._probe(role) for role in ("tool", "user")}
 
     def _render(self, messages, tools=None, add_generation_prompt=False) -> str:
@@ -54,7 +97,9 @@ class ChatRenderer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def prompt_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        return self._render(messages, tools, add_generation_prompt=True)
+        """The opening prompt, every message's content and every string of the tool schemas neutralised."""
+        messages = [{**m, "content": _neutralise_all(m["content"], self.specials)} for m in messages]
+        return self._render(messages, _neutralise_all(tools, self.specials), add_generation_prompt=True)
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.prompt_text(messages, tools))

@@ -2,10 +2,17 @@
 
 `from_dict(cls, data)` builds a (nested) dataclass from plain data and raises `ValueError` naming the bad key
 and what to write instead: unknown keys (with the known ones listed), wrong types (an int where a float is
-expected is fine; a string where a number is expected is not), and whatever the dataclass's own
-`__post_init__` rejects. `load_file` reads TOML (presets in `configs/`) or JSON (a run's saved `config.json`).
-`apply_overrides` sets dotted keys (`optim.lr=3e-4`, `allocation.k_max=null`); a value is parsed as JSON
-when it can be (numbers, true/false, null, lists) and taken as a string otherwise.
+expected is fine; a string where a number is expected is not), a float that is not finite (NaN, infinity, an
+integer too large for a float) anywhere, tables included, a template that would fail when used, and whatever the
+dataclass's own `__post_init__` rejects. A template is a str field whose default has `{name}` placeholders
+(`run.out_dir = "runs/{method}-seed{seed}"`): its value may use those names only, with no attribute, index,
+conversion or format spec, and braces balanced (`{{` for a literal one).
+
+`load_file` reads TOML (presets in `configs/`) or JSON (a run's saved `config.json`): a regular file of at most
+`MAX_FILE_BYTES`, UTF-8, and for JSON no repeated key and no NaN or Infinity; any parse failure (nesting too deep
+for the parser, an integer too long to convert) is a `ValueError` naming the file. `apply_overrides` sets dotted
+keys (`optim.lr=3e-4`, `allocation.k_max=null`); a value is parsed as JSON when it can be (numbers, true/false,
+null, lists) and taken as a string otherwise.
 
 Deliberately not here: what the fields are (each config class documents its own), environment variables,
 config inheritance beyond "preset file, then overrides".
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import string
 import tomllib
 import types
 import typing
@@ -22,20 +31,52 @@ from pathlib import Path
 from typing import Any
 
 
+MAX_FILE_BYTES = 1 << 20  # a preset or a run's config.json is a few KB
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"key(s) {repeated} appear more than once (JSON would keep the last silently)")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; every config number must be finite")
+
+
+def parse_json(text: str) -> Any:
+    """JSON with no repeated key and no NaN or Infinity; ValueError (RecursionError for too deep nesting)."""
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
-    """A TOML or JSON file as a dict."""
+    """A TOML or JSON file as a dict; ValueError naming the file when it cannot be one."""
     path = Path(path)
+    if path.suffix not in (".toml", ".json"):
+        raise ValueError(f"config file {path}: use a .toml or .json file")
     if not path.is_file():
-        raise ValueError(f"config file {path} does not exist; pass a path to a .toml preset (see configs/) or a "
-                         "run's config.json")
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise ValueError(f"config file {path} {what}; pass a path to a .toml preset (see configs/) or a run's "
+                         "config.json")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"config file {path} is larger than {MAX_FILE_BYTES} bytes; a config is a few KB")
     try:
-        if path.suffix == ".toml":
-            return tomllib.loads(path.read_text())
-        if path.suffix == ".json":
-            return json.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"config file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else parse_json(text)
+    except RecursionError:
+        raise ValueError(f"config file {path} does not parse: it is nested too deeply") from None
+    except ValueError as err:  # TOMLDecodeError and JSONDecodeError included; an integer too long to convert
         raise ValueError(f"config file {path} does not parse: {err}") from None
-    raise ValueError(f"config file {path}: use a .toml or .json file")
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} holds {type(data).__name__}, not a table of keys")
+    return data
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -47,6 +88,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    except RecursionError:
+        raise ValueError(f"--set {key.strip()}=...: the value is nested too deeply") from None
+    except ValueError as err:  # an integer too long to convert
+        raise ValueError(f"--set {key.strip()}=...: {err}") from None
     return key.strip().split("."), value
 
 
@@ -107,13 +152,57 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+            raise ValueError(f"{where}: expected a number, got {value!r:.80}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{where}={value!r:.40} must be a finite number") from None
     if hint is str:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
         return value
     return value
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Every number inside `value` converts to a finite float (no NaN, no infinity, no int beyond a float)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise ValueError(f"{where}={value!r:.40} must be a finite number")
+
+
+def template_names(text: Any) -> tuple[str, ...]:
+    """The `{name}` placeholders of a str.format template (empty for plain text or a malformed template)."""
+    try:
+        return tuple(dict.fromkeys(f for _, f, _, _ in string.Formatter().parse(text) if f))
+    except (TypeError, ValueError):
+        return ()
+
+
+def check_template(value: str, names: tuple[str, ...], where: str) -> None:
+    """`value` fills with `names` only: plain `{name}` placeholders, braces balanced (`{{` is a literal one)."""
+    allowed = ", ".join("{" + n + "}" for n in names)
+    try:
+        parsed = list(string.Formatter().parse(value))
+    except ValueError as err:
+        raise ValueError(f"{where}={value!r}: {err}; write {{{{ or }}}} for a literal brace") from None
+    for _, field_name, spec, conversion in parsed:
+        if field_name is None:
+            continue
+        if field_name not in names:
+            raise ValueError(f"{where}={value!r}: {{{field_name}}} is not a placeholder it knows; use {allowed}")
+        if spec or conversion:
+            raise ValueError(f"{where}={value!r}: a placeholder takes no conversion or format spec; write {allowed}")
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
@@ -123,8 +212,15 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     if unknown:
         raise ValueError(f"{where or 'config'}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {name: _check_type(value, hints[name], f"{where}.{name}" if where else name)
-              for name, value in data.items()}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _check_type(value, hints[name], key)
+        if "rule" not in fields[name].metadata:  # a knob's rule says the same, with its range (tracerl.core.rules)
+            _check_finite(kwargs[name], key)
+        names = template_names(fields[name].default) if hints[name] is str else ()
+        if names:
+            check_template(kwargs[name], names, key)
     try:
         return cls(**kwargs)
     except ValueError as err:

@@ -12,47 +12,24 @@ the rollout goes on). An `EpisodeError` (the environment itself cannot go on, e.
 ends the rollout as a failed leaf, counted the same way; a turn limit or a token limit ends the rollout as a failed leaf. Each case is
 counted in `counters`. The driver tokenizes; engines and environments never do.
 
-Text the environment inserts cannot forge the chat template: every added or special token of the tokenizer
-(`<|im_end|>`, `<|im_start|>`, `</tool_response>`, ...) in an observation gets a zero-width space after its
-first character before encoding, so it is encoded as plain text, never as the control token (counted in
+Text the environment inserts cannot forge the chat template: every observation goes through
+`tracerl.io.chat.neutralise` (as a data row's prompt does when it is rendered), which puts a zero-width space after
+the first character of every added or special token of the tokenizer (`<|im_end|>`, `<|im_start|>`,
+`</tool_response>`, ...) before encoding, so it is encoded as plain text, never as the control token (counted in
 `rollout/neutralised_special_tokens`).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
-from tracerl.io.chat import ChatRenderer
+from tracerl.io.chat import ChatRenderer, neutralise, special_token_pattern
 from tracerl.io.engine import Engine, SamplingParams
 from tracerl.io.env import EpisodeError, StepResult
-
-_BREAK = "\u200b"  # zero-width space: splits a control token's text so the tokenizer cannot match it
-
-
-def special_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
-    """A regex matching the text of every added or special token of `tokenizer` (longest first), or None."""
-    try:
-        tokens = set(tokenizer.get_added_vocab())
-    except AttributeError:
-        tokens = set()
-    tokens |= set(getattr(tokenizer, "all_special_tokens", ()) or ())
-    tokens = {t for t in tokens if isinstance(t, str) and len(t) > 1}
-    if not tokens:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
-
-
-def neutralise(text: str, pattern: re.Pattern[str] | None) -> tuple[str, int]:
-    """`text` with each match of `pattern` split after its first character by a zero-width space; (text, count)."""
-    if pattern is None:
-        return text, 0
-    return pattern.subn(lambda m: m.group(0)[0] + _BREAK + m.group(0)[1:], text)
-
 
 @dataclass(frozen=True)
 class DriverLimits:

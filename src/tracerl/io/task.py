@@ -47,6 +47,7 @@ import numpy as np
 
 from tracerl.io.actions import Tool, call_tool, parse_action
 from tracerl.io.env import EpisodeError, StepResult
+from tracerl.io.rows import check_row
 
 STATE_KINDS = ("copy", "replay")
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
@@ -205,6 +206,7 @@ def load_rows(paths: Sequence[str | Path], split: str) -> list[dict[str, Any]]:
                              f"{split}_files (relative paths start at the working directory), or generate it first")
         for number, row in enumerate(_read_file(path), 1):
             where = f"{path} row {number}"
+            row = check_row(row, where)  # message shapes and types (tracerl.io.rows)
             if not isinstance(row, dict):
                 raise ValueError(f"{where} is not an object with data_source, prompt, reward_model, extra_info")
             prompt = row.get("prompt")

@@ -39,6 +39,7 @@ from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.env import StepResult
+from tracerl.io.rows import check_row
 
 GENERATORS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "products")
 DEFAULT_MIX = {"gsm_symbolic": 0.5, "basic_arithmetic": 0.25, "chain_sum": 0.25}
@@ -358,4 +359,4 @@ def load_math_file(path: str | Path, split: str = "test") -> list[dict[str, Any]
                 raise ValueError(f"{path}: line {number}: not valid JSON ({err.msg}); {_EXPECTED}") from None
     if not records:
         raise ValueError(f"{path}: no rows; {_EXPECTED}")
-    return [_record_to_row(record, where, i, split) for i, (where, record) in enumerate(records)]
+    return [check_row(_record_to_row(record, where, i, split), where) for i, (where, record) in enumerate(records)]

@@ -40,6 +40,7 @@ from tracerl.core.history import History
 from tracerl.io.actions import Tool
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.retrieval import BM25Index
+from tracerl.io.rows import check_row
 
 
 class Relation(NamedTuple):
@@ -531,6 +532,7 @@ def load_qa_file(path: str | Path, corpus_path: str | Path | None = None, *, spl
             raise ValueError(f"{path}: {where}: expected {QA_FIELDS}; got keys {sorted(r)[:8]}")
         rows.append(make_row(data_source, question.strip(), answers, split=split, index=len(rows),
                              id=str(r.get("_id", r.get("id", len(rows)))), source=str(path)))
+        check_row(rows[-1], f"{path}: {where}")
         for title, text in [] if corpus_path is not None else _context_docs(r):
             if (title, text) not in seen:
                 seen.add((title, text))
