@@ -1,6 +1,7 @@
 """The layers of docs/design.md (section 4): every package imports only its own layer and those below it, checked on
 the source (an AST walk over every module, imports inside functions included), and core and io import without
-torch."""
+torch. Also the rooms of the step: no import circle, nothing registered into a tracerl registry on import, and no
+module but core/ledger.py reads what a rollout costs."""
 
 import ast
 import pathlib
@@ -112,3 +113,114 @@ def test_core_imports_only_stdlib_numpy_and_core():
             top = name.split(".")[0]
             ok = top in allowed_stdlib or top == "numpy" or name.startswith("tracerl.core") or top == "__future__"
             assert ok, f"{path.name} imports {name}: core may use only the stdlib (no I/O), numpy and tracerl.core"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the tracerl modules it imports (any depth; `from a.b import c` counts a.b.c when it is a module)."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+
+    def resolve(target: str) -> str | None:
+        parts = target.split(".")
+        while parts and ".".join(parts) not in modules:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph = {m: set() for m in modules}
+    for m, path in modules.items():
+        for target in imports(path):
+            found = resolve(target) if target.startswith("tracerl.") else None
+            if found and found != m:
+                graph[m].add(found)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]], "the cycle finder"
+    circles = _cycles(_module_graph())
+    assert not circles, f"modules that import each other (at any depth): {circles}; move what both need below them"
+
+
+def _import_time_statements(body: list[ast.stmt]):
+    """The statements that run when a module is imported: its body, into loops, ifs, withs and tries, but not
+    into functions or classes."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            yield from _import_time_statements(getattr(node, field, []) or [])
+        for handler in getattr(node, "handlers", []) or []:
+            yield from _import_time_statements(handler.body)
+
+
+def test_nothing_registers_into_a_tracerl_registry_on_import():
+    """A registry (an upper-case dict) is filled where it is defined, or names its entries as "module:attr"
+    strings (predictors, domains): no module writes into another module's registry at import."""
+    problems = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("tracerl") for alias in node.names}
+        for node in _import_time_statements(tree.body):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                        and target.value.id in imported:
+                    problems.append(f"{module_name(path)}:{node.lineno} writes into {target.value.id}")
+            call = node.value if isinstance(node, ast.Expr) else None
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in imported \
+                    and call.func.id.startswith("register"):
+                problems.append(f"{module_name(path)}:{node.lineno} calls {call.func.id}")
+    assert not problems, "registration on import:\n" + "\n".join(problems)
+
+
+def test_only_the_ledger_reads_what_a_rollout_costs():
+    """`continuation_cost` and `budget_unit` are read in core/ledger.py only (the prices); other modules ask it."""
+    problems = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == SRC / "core" / "ledger.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("continuation_cost", "budget_unit"):
+                problems.append(f"{module_name(path)}:{node.lineno} reads .{node.attr}")
+    assert not problems, "prices read outside tracerl.core.ledger:\n" + "\n".join(problems)

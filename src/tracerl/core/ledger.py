@@ -23,15 +23,12 @@ sampling itself.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from tracerl.core.allocation import _budget, _whole, split_budget
 from tracerl.core.tree import Tree
-
-if TYPE_CHECKING:
-    from tracerl.core.methods import AllocationConfig
 
 CONTINUATION_COST = 0.5  # default budget units of one continuation (a fresh rollout costs 1); written only here
 BUDGET_UNITS = ("units", "tokens")  # what a step's budget counts: trajectory units or expected sampled tokens
@@ -359,14 +356,15 @@ class TokenPrices(UnitPrices):
 Prices = UnitPrices  # the interface growth asks; TokenPrices is the other unit
 
 
-def make_prices(config: AllocationConfig) -> UnitPrices:
-    """The prices of `config`: its budget unit, step budget, continuation cost and token cap, read here only."""
+def make_prices(config: Any) -> UnitPrices:
+    """The prices of `config` (an `AllocationConfig`; not imported, since the method presets import this module):
+    its budget unit, step budget, continuation cost and token cap, read here only."""
     if config.budget_unit == "units":
         return UnitPrices(config.budget, config.continuation_cost, config.token_cap)
     budget = float(config.token_budget or config.budget * config.default_rollout_tokens)
     return TokenPrices(budget, config.continuation_cost, config.token_cap, config.default_rollout_tokens)
 
 
-def make_ledger(config: AllocationConfig, budget: float | None = None) -> BudgetLedger:
+def make_ledger(config: Any, budget: float | None = None) -> BudgetLedger:
     """A ledger of `config`'s unit holding `budget` (a step's budget by default)."""
     return make_prices(config).ledger(budget)

@@ -20,7 +20,7 @@ symlink); anything else is skipped the same way. Temporary folders (`.step-*`) l
 by the next save.
 
 Config: a resume must run with the config the checkpoint was saved with, up to the keys the caller allows to
-change (the trainer's `RESUMABLE_CHANGES`); `load` refuses any other difference and names the keys. The resume's
+change (`tracerl.train.config.RESUMABLE_CHANGES`); `load` refuses any other difference and names the keys. The resume's
 config is the one given to `load`, else the run's `config.json` (which the trainer compares with its own config
 before resuming); a run whose `config.json` is gone is refused, since nothing then says which config resumes.
 
@@ -53,6 +53,7 @@ import torch
 
 from tracerl.core.predictor import Predictor
 from tracerl.io.state import fsync_dir, load_state, save_state
+from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, config_changes
 
 MODEL_FILE, OPTIMIZER_FILE, PREDICTOR_FILE, TRAINER_FILE = "model.pt", "optimizer.pt", "predictor.npz", "trainer.npz"
 CONFIG_FILE = "config.json"  # in a checkpoint, and the run's own resolved config (`save_config`)
@@ -192,36 +193,8 @@ def verify(folder: Path) -> str:
 
 # ---------------------------------------------------------------- the config a checkpoint was saved with
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """{dotted key: canonical JSON of the value} of every leaf of a nested dict (NaN equals NaN here)."""
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = json.dumps(value, sort_keys=True)
-    return out
-
-
-def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], may_change: Sequence[str] = (),
-                   defaults: Mapping[str, Any] | None = None) -> list[str]:
-    """Dotted keys whose values differ between two configs, leaving out the keys in `may_change` (and the keys
-    under them). A key one side lacks takes its value in `defaults` (a field added since the save: the run had its
-    default's behaviour), else it differs."""
-    base = _flatten(defaults or {})
-    saved_flat, now_flat = {**base, **_flatten(saved)}, {**base, **_flatten(now)}
-
-    def allowed(key: str) -> bool:
-        return any(key == k or key.startswith(k + ".") for k in may_change)
-    return sorted(k for k in set(saved_flat) | set(now_flat)
-                  if saved_flat.get(k) != now_flat.get(k) and not allowed(k))
-
-
 def _trainer_rules() -> tuple[Sequence[str], dict[str, Any]]:
     """The trainer's resume rules: the keys a resume may change, and the defaults of keys added since a save."""
-    from tracerl.train.config import TrainConfig
-    from tracerl.train.trainer import RESUMABLE_CHANGES
-
     return RESUMABLE_CHANGES, TrainConfig().to_dict()
 
 
@@ -373,7 +346,7 @@ def load(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Opt
 
     The checkpoint's config must equal the resume's, `config` (None: the run's `config.json`), except for the keys
     in `may_change`; a key added to the config since the save takes its value in `defaults`. None for either
-    means the trainer's rules (`tracerl.train.trainer.RESUMABLE_CHANGES`, `TrainConfig`'s defaults)."""
+    means the trainer's rules (`tracerl.train.config.RESUMABLE_CHANGES`, `TrainConfig`'s defaults)."""
     run_dir = Path(run_dir)
     path = latest(run_dir)
     if path is None:

@@ -16,6 +16,8 @@ This module holds no torch code (`check_machine` imports torch only to check tha
 from __future__ import annotations
 
 import importlib.util
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,23 +269,35 @@ RESUMABLE_CHANGES = ("run.num_steps", "run.progress", "run.tensorboard", "run.ev
                      "run.ray_address", "policy.device", "run.out_dir")
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{dotted key: canonical JSON of the value} of every leaf of a nested dict (NaN equals NaN here)."""
     out = {}
     for key, value in data.items():
-        if isinstance(value, dict) and key != "embedded" and key != "options":
+        if isinstance(value, Mapping) and value:
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = value
+            out[f"{prefix}{key}"] = json.dumps(value, sort_keys=True)
     return out
 
 
-def resume_differences(saved: dict[str, Any], config: TrainConfig) -> list[str]:
-    """The keys (section.field) in which `config` differs from a run's saved config (`config.json` as a dict) and a
-    resume may not change (`RESUMABLE_CHANGES`). A key the saved config lacks was added to tracerl since; the run had
-    its default's behaviour."""
-    before = {**_flatten(TrainConfig().to_dict()), **_flatten(saved)}
-    now = _flatten(config.to_dict())
-    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], may_change: Sequence[str] = (),
+                   defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """Dotted keys whose values differ between two configs, leaving out the keys in `may_change` (and the keys
+    under them). A key one side lacks takes its value in `defaults` (a field added since the save: the run had its
+    default's behaviour), else it differs."""
+    base = _flatten(defaults or {})
+    saved_flat, now_flat = {**base, **_flatten(saved)}, {**base, **_flatten(now)}
+
+    def allowed(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in may_change)
+    return sorted(k for k in set(saved_flat) | set(now_flat)
+                  if saved_flat.get(k) != now_flat.get(k) and not allowed(k))
+
+
+def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """The keys in which `config` differs from a run's saved config (`config.json` as a dict) and a resume may not
+    change (`RESUMABLE_CHANGES`); a key the saved config lacks was added since and takes its default."""
+    return config_changes(saved, config.to_dict(), RESUMABLE_CHANGES, TrainConfig().to_dict())
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
