@@ -1,4 +1,21 @@
+"""Shared by every test folder: tests/helpers.py on the path, and the `slow` marker on what trains, builds a policy
+or starts servers, so `python -m pytest -q -m "not slow"` is the fast loop (tests/README.md has the map)."""
+
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))  # tests/helpers.py
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE))  # tests/helpers.py
+
+# folders and files whose tests take seconds to minutes each (training steps, policy builds, servers, Ray, a browser)
+SLOW = ("e2e", "ray", "view", "serve", "torch/test_embedded.py", "torch/test_lora.py", "unit/test_fuzz_driver.py",
+        "sandbox/test_sandbox_nonroot.py", "predictors/test_lm_value.py")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        where = pathlib.Path(str(item.fspath)).relative_to(HERE).as_posix()
+        if any(where == s or where.startswith(s + "/") for s in SLOW):
+            item.add_marker(pytest.mark.slow)

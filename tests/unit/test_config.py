@@ -208,3 +208,13 @@ def test_template_names_come_from_the_default():
 
     assert template_names("runs/{method}-seed{seed}") == ("method", "seed")
     assert template_names("plain") == () and template_names("{") == () and template_names(None) == ()
+
+
+def test_predictor_options_are_checked_against_the_predictor_at_load():
+    from tracerl.train.config import load_config
+
+    with pytest.raises(ValueError, match=r"predictor.options has \['l3'\], which hashed_logistic does not take"):
+        load_config(None, ['predictor.options={"l3": 1}'])
+    with pytest.raises(ValueError, match="the predictor's seed is run.seed"):
+        load_config(None, ['predictor.options={"seed": 3}'])
+    assert load_config(None, ['predictor.options={"l2": 0.5}']).predictor.options == {"l2": 0.5}

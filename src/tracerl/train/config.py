@@ -16,6 +16,7 @@ This module holds no torch code (`check_machine` imports torch only to check tha
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,11 +159,18 @@ class PredictorConfig:
                              "run.seed and its state features are the domain's")
 
     def check_machine(self) -> None:
-        """The predictor's class imports here (a neural one needs torch and transformers)."""
+        """The predictor's class imports here (a neural one needs torch and transformers), and every option is one
+        of its constructor's parameters."""
         try:
-            predictor_class(self.name)
+            cls = predictor_class(self.name)
         except ImportError as err:
             raise ValueError(f"predictor.name={self.name!r}: {err}") from err
+        params = inspect.signature(cls).parameters
+        known = sorted(set(params) - {"self", "seed", "state_features"})
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise ValueError(f"predictor.options has {unknown}, which {self.name} does not take; its options: "
+                             f"{known} (docs/predictors.md)")
 
 
 @dataclass(frozen=True)
