@@ -10,7 +10,7 @@ HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))  # tests/helpers.py
 
 # folders and files whose tests take seconds to minutes each (training steps, policy builds, servers, Ray, a browser)
-SLOW = ("e2e", "ray", "view", "serve", "torch/test_embedded.py", "torch/test_lora.py", "unit/test_fuzz_driver.py",
+SLOW = ("e2e", "ray", "view/test_view_browser.py", "serve", "torch/test_embedded.py", "torch/test_lora.py", "unit/test_fuzz_driver.py",
         "sandbox/test_sandbox_nonroot.py", "predictors/test_lm_value.py")
 
 
