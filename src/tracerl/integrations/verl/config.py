@@ -110,7 +110,10 @@ class TraceVerlConfig:
                              f"tracerl.allocation.{moved[0]} (on the command line +tracerl.allocation.{moved[0]}=...)")
         if "predictor_options" in section:
             raise ValueError("tracerl.predictor_options: write tracerl.predictor.options (and tracerl.predictor.name)")
-        allocation = dict(section.get("allocation") or {})
+        allocation = section.get("allocation") or {}
+        if not isinstance(allocation, Mapping):
+            raise ValueError(f"tracerl.allocation is a section; give it as a table of keys, not {allocation!r}")
+        allocation = dict(allocation)
         for key, verl_key in VERL_OWNED.items():
             if key in allocation:
                 raise ValueError(f"tracerl.allocation.{key} is set by verl's {verl_key}; drop it from the tracerl "
