@@ -34,6 +34,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 
 from tracerl.core.advantages import compute_advantages  # noqa: E402
+from tracerl.core.features import NUM_STRUCTURAL  # noqa: E402
 from tracerl.core.tree import Tree  # noqa: E402
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
 from tracerl.integrations.verl import EngineLLMClient, TraceAgentLoopManager, VerlEngine  # noqa: E402
@@ -42,8 +43,9 @@ from tracerl.io.engine import SamplingParams  # noqa: E402
 N = 4  # rollout.n: the budget is BATCH * N trajectory units, as GRPO would spend
 BATCH = 8
 MINI = 2  # actor ppo_mini_batch_size: verl pads the rows to a multiple of lcm(dp=2, MINI * N) = 8
-TRACE = ["+tracerl.domain=multihop", "+tracerl.m_min=4", "+tracerl.m_max=6", "+tracerl.max_turns=6",
-         "+tracerl.max_tokens_per_turn=128", "+tracerl.timeout_s=3"]
+# the allocation and predictor sections are tracerl's own configs nested in verl's `tracerl:` section
+TRACE = ["+tracerl.domain=multihop", "+tracerl.allocation.m_min=4", "+tracerl.allocation.m_max=6",
+         "+tracerl.max_turns=6", "+tracerl.max_tokens_per_turn=128", "+tracerl.timeout_s=3"]
 
 
 def verl_config(model_path: str, *overrides: str):
@@ -152,7 +154,7 @@ def test_rows_per_uid_equal_tracerl_allocation_zeros_included(trace_step):
     s = trace_step
     counts = dict(zip(s.uids, s.plan.counts.tolist()))
     assert 0 in counts.values() and sum(counts.values()) > 0, f"need filtered and granted prompts: {counts}"
-    assert s.plan.counts.sum() + s.plan.prefix_units.sum() <= BATCH * N, "stage 1 + stage 2 within B = batch * n"
+    assert s.plan.counts.sum() + s.plan.prefix_budget.sum() <= BATCH * N, "stage 1 + stage 2 within B = batch * n"
     keys_per_uid = {u: [k for k in s.sampled.keys if k.split("_")[0] == u] for u in s.uids}
     for uid, m in counts.items():
         keys = keys_per_uid[uid]
@@ -225,12 +227,41 @@ def test_failed_and_timed_out_rollouts_are_failed_leaves_and_counted(trace_step)
     assert c.get("rollout/failed_rollouts", 0) >= counts[broken] + counts[slow], c
 
 
-def test_predictor_is_updated_from_the_step_trees(trace_step):
-    manager = trace_step.manager
+def test_predictor_is_updated_from_the_step_trees_and_the_spend_is_logged(trace_step):
+    s = trace_step
+    manager = s.manager
+    planned = manager.last_metrics
+    assert planned["alloc/planned_units_root"] == s.plan.counts.sum()
+    assert planned["alloc/planned_units_prefix"] == s.plan.prefix_budget.sum()
     before = ray.get(manager.coordinator.stats.remote())["num_updates"]
     metrics = ray.get(manager.coordinator.flush.remote())
     assert ray.get(manager.coordinator.stats.remote())["num_updates"] == before + 1
-    assert metrics["predictor/num_trees"] == len(trace_step.trees) and "predictor/brier" in metrics
+    assert metrics["predictor/num_trees"] == len(s.trees) and "predictor/brier" in metrics
+    # what was spent, from the trees: every granted fresh rollout (failed ones too) 1 unit, a continuation 0.5
+    continuations = sum(t.nodes[i].anchor_id != 0 for t in s.trees.values() for i in t.leaves())
+    assert metrics["alloc/units_root"] == s.plan.counts.sum()
+    assert metrics["alloc/units_prefix"] == 0.5 * continuations <= planned["alloc/planned_units_prefix"]
+    policy_tokens = sum(sum(n.segment.mask) for t in s.trees.values() for n in t.nodes)
+    assert metrics["alloc/tokens_root"] + metrics["alloc/tokens_prefix"] == policy_tokens == metrics["rollout/tokens"]
+    mixed = sum(t.is_mixed() for t in s.trees.values())
+    assert metrics["alloc/effective_ratio"] == mixed / len(s.trees)
+    assert 0 < metrics["alloc/informative_rollout_frac"] <= 1
+
+
+def test_the_coordinator_predictor_reads_the_domain_state_features(trace_step, tiny):
+    """The coordinator is a Ray actor in a process of its own: it builds the run's domain there and hands the domain's
+    state features to its predictor, as the trainer does, so multihop histories fill the predictor's state columns."""
+    histories = [t.history(n.node_id) for t in trace_step.trees.values() for n in t.nodes if not n.is_leaf]
+    named = [any(v != 0 for v in tiny["domain"].state_features(h).values()) for h in histories]
+    assert any(named), "multihop names the state of the step's histories"
+
+    def state_columns(coordinator, histories):  # runs inside the actor, on its predictor
+        features = coordinator.predictor.features
+        return features.transform(histories).to_dense()[:, features.num_buckets + NUM_STRUCTURAL:]
+
+    block = ray.get(trace_step.manager.coordinator.__ray_call__.remote(state_columns, histories))
+    assert block.shape == (len(histories), 4096), "the predictor section's hashed_logistic has its state block"
+    assert [bool(row.any()) for row in block] == named, "every history with named state fills its state columns"
 
 
 def test_star_tree_verl_grpo_equals_tracerl_grpo(cluster, tiny):
@@ -280,3 +311,11 @@ def test_verl_engine_round_trip_matches_the_transformers_engine(tiny):
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+def test_manager_refuses_verls_own_numbers_in_the_allocation_section(tiny):
+    """Checked in the manager's constructor, before any worker actor starts (no Ray needed)."""
+    config = verl_config(tiny["path"], "algorithm.adv_estimator=tracerl_tree", *TRACE,
+                         "+tracerl.allocation.rollouts_per_prompt=8")
+    with pytest.raises(ValueError, match="rollouts_per_prompt is set by verl's actor_rollout_ref.rollout.n"):
+        TraceAgentLoopManager(config, llm_client=None)

@@ -32,8 +32,8 @@ REWARD = os.path.join(HERE, "reward.py")
 CODES = {"amber": "4417", "birch": "9023", "cobalt": "1186", "dune": "7350"}
 USER_TASK = [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}",
              f"reward.custom_reward_function.path={REWARD}", "reward.custom_reward_function.name=vault_score",
-             "+tracerl.m_min=4", "+tracerl.m_max=6", "+tracerl.max_turns=4", "+tracerl.max_tokens_per_turn=128",
-             "+tracerl.timeout_s=30"]
+             "+tracerl.allocation.m_min=4", "+tracerl.allocation.m_max=6", "+tracerl.max_turns=4",
+             "+tracerl.max_tokens_per_turn=128", "+tracerl.timeout_s=30"]
 
 
 def vault_rows():
@@ -94,7 +94,7 @@ def test_verl_settings_are_read_from_verls_own_keys(vault):
 def test_rows_per_uid_equal_the_trees_leaves(vault_step):
     s = vault_step
     counts = dict(zip(s.uids, s.plan.counts.tolist()))
-    assert s.plan.counts.sum() + s.plan.prefix_units.sum() <= BATCH * N
+    assert s.plan.counts.sum() + s.plan.prefix_budget.sum() <= BATCH * N
     for uid, m in counts.items():
         keys = sorted(k for k in s.sampled.keys if k.split("_")[0] == uid)
         if m == 0:

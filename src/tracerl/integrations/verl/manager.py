@@ -5,10 +5,13 @@ Select it with
 (verl's `TaskRunnerV1` imports this module in the trainer's process, which also registers the estimator there).
 
 Per training batch `generate_sequences`
-1. flushes the coordinator: the predictor is scored on, then updated from, the previous batch's trees;
-2. predicts each prompt's success (`V(prompt)`) and runs stage 1 over the batch (`config.plan_batch`), writing each
-   row's rollout count into verl's `__rollout_n__` (0 filters the prompt out; never all zero) and its stage-2
-   budget into `__trace_prefix_units__`;
+1. flushes the coordinator: the predictor is scored on, then updated from, the previous batch's trees, and their
+   spend and measures are computed (`alloc/units_root`, `alloc/units_prefix`, `alloc/tokens_*`,
+   `alloc/effective_ratio`, ...: what the previous batch spent);
+2. predicts each prompt's success (`V(prompt)`) and runs stage 1 over the batch (`config.plan_batch`, on an RNG
+   seeded `[seed, 2]` as the trainer's `Sampler`), writing each row's rollout count into verl's `__rollout_n__`
+   (0 filters the prompt out; never all zero) and its stage-2 budget into `__trace_prefix_budget__`; what it plans
+   is logged as `alloc/planned_units_root` and `alloc/planned_units_prefix`;
 3. hands the batch to verl's own dispatch (`AgentLoopManagerTQ.generate_sequences`: chunks over the workers,
    non-blocking), whose workers are `TraceAgentLoopWorker`s.
 
@@ -35,7 +38,8 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
 from tracerl.core.history import History
 from tracerl.core.methods import get_method
-from tracerl.integrations.verl.config import ESTIMATOR, BatchPlan, TraceVerlConfig, plan_batch, task_domain
+from tracerl.integrations.verl.config import (ESTIMATOR, BatchPlan, TraceVerlConfig, plan_batch, task_domain,
+                                              task_settings)
 from tracerl.integrations.verl.coordinator import TraceCoordinator
 from tracerl.integrations.verl.rows import tracerl_row
 from tracerl.integrations.verl.worker import TraceAgentLoopWorker
@@ -88,19 +92,20 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
     """verl V1 agent-loop manager running TRACE's stage 1 per batch; its workers grow and store the trees."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        task_domain(config, TraceVerlConfig.from_verl(config))  # a bad tool config or reward fails here, at start
+        trace = TraceVerlConfig.from_verl(config)  # a bad section fails here, at start
+        check_verl_config(config, trace)
+        trace.predictor.check_machine()
+        task = task_settings(config)
+        task_domain(task, trace.domain)  # so does a bad tool config or reward
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         # set after super().__init__: AgentLoopManagerTQ.__init__ assigns its own worker class
         self.agent_loop_workers_class = ray.remote(TraceAgentLoopWorker)
-        self.trace_config = TraceVerlConfig.from_verl(config)
-        check_verl_config(config, self.trace_config)
-        self.method = get_method(self.trace_config.method)
-        self.rollout_n = int(config.actor_rollout_ref.rollout.n)
-        self.trace_config.allocation(1, self.rollout_n)  # raises early on rollout.n < 2
+        self.trace_config = trace
+        self.method = get_method(trace.method)
         self.coordinator_name = f"tracerl_coordinator_{uuid4().hex[:8]}"
         self.coordinator = ray.remote(TraceCoordinator).options(name=self.coordinator_name, num_cpus=0).remote(
-            self.trace_config.predictor, self.trace_config.predictor_options)
-        self.rng = np.random.default_rng([self.trace_config.seed, 2])
+            trace, task)
+        self.rng = np.random.default_rng([trace.seed, 2])  # stage 1's draws, seeded as the trainer's Sampler
         self.num_batches = 0
         self.last_plan: BatchPlan | None = None
         self.last_metrics: dict[str, float] = {}
@@ -108,12 +113,12 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
     def plan(self, batch: TensorDict) -> BatchPlan:
         """Stage 1 for a training batch (predictor, then the method's root policy); see `config.plan_batch`."""
         rows = [tracerl_row(values) for values in batch_rows(batch)]
+        histories = [History(text=row["prompt"][-1]["content"], prompt_id=prompt_id(row)) for row in rows]
         if self.method.predictor == "none":
             p = np.full(len(rows), 0.5)
         else:
-            histories = [History(text=row["prompt"][-1]["content"], prompt_id=prompt_id(row)) for row in rows]
             p = ray.get(self.coordinator.predict.remote(histories))
-        return plan_batch(p, self.trace_config, self.rollout_n, self.rng)
+        return plan_batch(p, [h.prompt_id for h in histories], self.trace_config, self.rng)
 
     def generate_sequences(self, prompts: TensorDict) -> None:
         validate = "validate" in prompts.keys() and bool(getattr(prompts["validate"], "data", prompts["validate"]))
@@ -122,7 +127,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
             plan = self.plan(prompts)
             num = len(prompts)
             prompts["__rollout_n__"] = torch.as_tensor(plan.counts, dtype=torch.int64)
-            prompts["__trace_prefix_units__"] = torch.as_tensor(plan.prefix_units, dtype=torch.float64)
+            prompts["__trace_prefix_budget__"] = torch.as_tensor(plan.prefix_budget, dtype=torch.float64)
             prompts["__trace_p__"] = torch.tensor(np.array(plan.p), dtype=torch.float64)
             seeds = np.random.default_rng([self.trace_config.seed, 4, self.num_batches]).integers(2**31 - 1, size=num)
             prompts["__trace_seed__"] = torch.as_tensor(seeds, dtype=torch.int64)
@@ -130,8 +135,8 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
             self.last_plan = plan
             self.last_metrics = {**metrics, "alloc/num_prompts": float((plan.counts > 0).sum()),
                                  "alloc/num_filtered": float((plan.counts == 0).sum()),
-                                 "alloc/root_units": float(plan.counts.sum()),
-                                 "alloc/prefix_units": float(plan.prefix_units.sum()),
+                                 "alloc/planned_units_root": float(plan.counts.sum()),
+                                 "alloc/planned_units_prefix": float(plan.prefix_budget.sum()),
                                  "alloc/forced_prompts": float(plan.forced)}
             logger.info("TRACE batch %d: %s", self.num_batches, self.last_metrics)
         prompts["__trace_coordinator__"] = NonTensorData(self.coordinator_name)

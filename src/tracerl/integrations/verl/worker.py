@@ -6,8 +6,8 @@ class) and overrides `_run_prompt`, the coroutine verl runs per prompt. For a pr
 
 1. runs `grow_tree` in a thread: tracerl's `ReActDriver` over a `VerlEngine` (verl's LLM client, the tree's uid as
    request id) grows m bare rollouts, then stage 2 spends the prompt's share of the prefix budget
-   (`__trace_prefix_units__`) with `tracerl.core.growth`'s per-prompt expansion, asking the coordinator's
-   predictor for prefix probabilities;
+   (`__trace_prefix_budget__`) with `tracerl.core.growth`'s per-prompt expansion on a ledger of the run's prices
+   (`tracerl.core.ledger`), asking the coordinator's predictor for prefix probabilities;
 2. computes the tree's advantages with tracerl's registry (`tracerl.advantage`, the method's by default);
 3. writes one row per leaf under `{uid}_{j}_0` with the fields and tags verl's own worker writes
    (`_agent_loop_postprocess`), `rm_scores` holding the per-token advantages (or the reward on the last token
@@ -40,12 +40,11 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
-from tracerl.core.allocation import BudgetLedger
-from tracerl.core.growth import expand_trees
+from tracerl.core.growth import expand_trees, mark_roots
+from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, MethodPreset, get_method
 from tracerl.core.tree import Tree
-from tracerl.executors.ray_runner import add_failed_leaves
-from tracerl.integrations.verl.config import TraceVerlConfig, task_domain
+from tracerl.integrations.verl.config import TraceVerlConfig, task_domain, task_settings
 from tracerl.integrations.verl.engine import RolloutTimeout, VerlEngine
 from tracerl.integrations.verl.rows import LeafRow, leaf_rows, tracerl_row
 from tracerl.io.chat import ChatRenderer
@@ -55,7 +54,7 @@ from tracerl.io.engine import SamplingParams
 logger = logging.getLogger(__name__)
 
 # per-row controls the manager adds to verl's batch; they are not stored with the rows
-CONTROL_KEYS = ("__rollout_n__", "__do_sample__", "__trace_prefix_units__", "__trace_p__", "__trace_seed__",
+CONTROL_KEYS = ("__rollout_n__", "__do_sample__", "__trace_prefix_budget__", "__trace_p__", "__trace_seed__",
                 "__trace_coordinator__")
 
 
@@ -81,7 +80,7 @@ class FailSafeRunner:
             error = self._failed(err, int(sum(counts)))
             trees, _ = self.driver.run_roots(prompt_indices, [0] * len(counts))  # the tokenized roots only
             for tree, m in zip(trees, counts):
-                add_failed_leaves(tree, 0, int(m), error, origin="bare")
+                tree.add_failed_leaves(0, int(m), error, origin="bare")
             return trees, 0
 
     def run_continuations(self, requests):
@@ -93,25 +92,27 @@ class FailSafeRunner:
         except Exception as err:
             error = self._failed(err, int(sum(k for *_, k in requests)))
             for tree, num_nodes in sizes.values():  # drop the failed call's partial growth
-                del tree.nodes[num_nodes:]
-                tree.children = [[c for c in kids if c < num_nodes] for kids in tree.children[:num_nodes]]
+                tree.truncate(num_nodes)
             for tree, node_id, k in requests:
-                add_failed_leaves(tree, node_id, int(k), error)
+                tree.add_failed_leaves(node_id, int(k), error)
             return 0
 
 
-def grow_tree(row: dict, count: int, prefix_units: float, p_root: float, *, engine, renderer: ChatRenderer,
-              domain: Any, limits: DriverLimits, sampling: SamplingParams, method: MethodPreset,
-              alloc: AllocationConfig, predict, rng: np.random.Generator) -> tuple[Tree, Counter]:
-    """One prompt's tree: `count` bare rollouts, then stage 2 on `prefix_units` (tracerl's per-prompt expansion)."""
+def grow_tree(row: dict, count: int, prefix_budget: float, p_root: float | None, *, engine,
+              renderer: ChatRenderer, domain: Any, limits: DriverLimits, sampling: SamplingParams,
+              method: MethodPreset, alloc: AllocationConfig, predict, rng: np.random.Generator) -> tuple[Tree, Counter]:
+    """One prompt's tree: `count` bare rollouts, then stage 2 on `prefix_budget` (tracerl's per-prompt expansion,
+    charged to a ledger of `alloc`'s prices holding that budget). `p_root`: stage 1's prediction (None where the
+    method reads none)."""
     driver = ReActDriver(engine, renderer, domain, sampling=sampling, limits=limits)
     driver.set_rows([row])
     runner = FailSafeRunner(driver)
     (tree,), _ = runner.run_roots([0], [count])
-    tree.root.p_pred, tree.root.expand_reason, tree.root.num_granted = p_root, "root", count
-    if method.prefix_policy is not None and alloc.expand_rounds > 0 and prefix_units > 0:
-        ledger = BudgetLedger(prefix_units, continuation_cost=alloc.continuation_cost)
-        expand_trees(method, alloc, [tree], np.array([prefix_units]), predict, runner, ledger, rng)
+    mark_roots([tree], None if p_root is None else [p_root], [count])
+    if method.prefix_policy is not None and alloc.expand_rounds > 0 and prefix_budget > 0:
+        prices = make_prices(alloc)
+        expand_trees(method, alloc, [tree], np.array([prefix_budget]), predict, runner, prices.ledger(prefix_budget),
+                     rng, prices)
     return tree, Counter(driver.counters) + runner.counters
 
 
@@ -121,7 +122,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         self.trace_config = TraceVerlConfig.from_verl(self.config)
         self.method = get_method(self.trace_config.method)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.domain = task_domain(self.config, self.trace_config)
+        self.domain = task_domain(task_settings(self.config), self.trace_config.domain)
         self.limits = self.trace_config.limits(self.rollout_config.response_length)
         self.trace_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tracerl-tree")
         self.coordinators: dict[str, Any] = {}
@@ -151,7 +152,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         if count == 0:
             return
         uid = prompt["uid"]
-        prefix_units = 0.0 if validate else float(controls.get("__trace_prefix_units__", 0.0))
+        prefix_budget = 0.0 if validate else float(controls.get("__trace_prefix_budget__", 0.0))
         seed = controls.get("__trace_seed__")
         if not validate and not bool(controls.get("__do_sample__", True)):
             sampling_params["temperature"] = 0.0
@@ -166,12 +167,12 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             def predict(histories):  # called from the tree's thread; the actor call runs on the loop
                 call = _await(coordinator.predict.remote(list(histories)))
                 return asyncio.run_coroutine_threadsafe(call, loop).result()
-        alloc = cfg.allocation(1, max(2, self.rollout_config.n))
+        p_root = float(controls["__trace_p__"]) if "__trace_p__" in controls and self.method.predictor != "none" \
+            else None
         rng = np.random.default_rng([cfg.seed, 3, 0 if seed is None else int(seed)])
-        grow = functools.partial(grow_tree, tracerl_row(prompt), count, prefix_units,
-                                 float(controls.get("__trace_p__", 0.5)), engine=engine, renderer=self.renderer,
-                                 domain=self.domain, limits=self.limits, sampling=sampling, method=self.method,
-                                 alloc=alloc, predict=predict, rng=rng)
+        grow = functools.partial(grow_tree, tracerl_row(prompt), count, prefix_budget, p_root, engine=engine,
+                                 renderer=self.renderer, domain=self.domain, limits=self.limits, sampling=sampling,
+                                 method=self.method, alloc=cfg.allocation, predict=predict, rng=rng)
         tree, counters = await loop.run_in_executor(self.trace_threads, grow)
         kind = "reward" if validate else cfg.rm_scores
         advantages = None
