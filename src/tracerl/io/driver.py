@@ -198,6 +198,7 @@ class ReActDriver:
             self.counters["rollout/env_exceptions"] += 1
             if getattr(err, "metric", None):  # what failed, e.g. rollout/reward_errors, rollout/reward_timeouts
                 self.counters[err.metric] += 1
+                self.counters["rollout/reward_calls"] += err.metric.startswith("rollout/reward_")
             add(policy_only(f"error: {type(err).__name__}: {err}"[:500]), reward=0.0, finish_reason="error",
                 tool_error=True)
             return False
@@ -207,6 +208,7 @@ class ReActDriver:
                                 f"{str(err)[:300]})", done=False, tool_error=True)
         self.counters["rollout/tool_errors"] += bool(result.tool_error)
         if result.done:
+            self.counters["rollout/reward_calls"] += 1
             add(policy_only(), reward=result.reward, finish_reason="answer", tool_error=result.tool_error)
             return False
         # lone surrogates (a JSON "\\ud800" echoed by a tool) cannot be encoded: they become "?"

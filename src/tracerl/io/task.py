@@ -316,7 +316,7 @@ def _state_paths(state: Any, depth: int = 2) -> list[str]:
     between two episodes of one row and is masked before a replayed observation is compared."""
     if isinstance(state, (str, os.PathLike)):
         text = os.fspath(state)
-        return [text] if os.sep in text and len(text) > 1 else []
+        return [text] if os.path.isabs(text) and len(text) > 1 else []
     if depth and isinstance(state, dict):
         state = list(state.values())
     if depth and isinstance(state, (list, tuple)):
