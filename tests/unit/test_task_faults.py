@@ -254,4 +254,4 @@ def test_task_and_data_paths_in_a_config_resolve_against_its_folder(tmp_path, mo
     assert config.data.task == f"{project / 'task.py'}:make_task"
     assert config.data.train_files == (str(project / "train.jsonl"),)
     given = load_config(str(project / "config.toml"), ["data.train_files=[\"rows.jsonl\"]"], machine=False)
-    assert given.data.train_files == (str(tmp_path / "rows.jsonl"),), "a --set path is the shell's: the working directory"
+    assert given.data.train_files == (str(tmp_path / "rows.jsonl"),), "a --set path starts at the working directory"

@@ -113,7 +113,8 @@ def test_the_same_calls_through_verls_tool_agent_loop_agree(domain):
     loop.tools, loop.max_tool_response_length, loop.tool_response_truncate_side = tools, 10_000, "right"
     the_row = row(opening=3)
     data = AgentData(messages=the_row["prompt"], image_data=None, video_data=None, audio_data=None,
-                     mm_processor_kwargs=None, metrics={}, request_id="r", tools_kwargs=the_row["extra_info"]["tools_kwargs"])
+                     mm_processor_kwargs=None, metrics={}, request_id="r",
+                     tools_kwargs=the_row["extra_info"]["tools_kwargs"])
     calls = [("ledger", {"amount": 4}), ("fee", {"amount": 40}), ("ledger", {"amount": -10})]
 
     async def in_verl():

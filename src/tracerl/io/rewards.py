@@ -172,8 +172,9 @@ class RewardPool:
             self._warned |= warn
         if warn:
             warnings.warn(f"the reward function failed on {failed} of {calls} calls so far ({self.counts['errors']} "
-                          f"errors, {self.counts['timeouts']} timeouts; last: {self._last_error}); the leaves it fails get "
-                          "reward 0, so most of this run learns nothing: fix the reward", UserWarning, stacklevel=2)
+                          f"errors, {self.counts['timeouts']} timeouts; last: {self._last_error}); the leaves it "
+                          "fails get reward 0, so most of this run learns nothing: fix the reward", UserWarning,
+                          stacklevel=2)
         return value
 
     def close(self) -> None:

@@ -7,22 +7,29 @@ trainer and the embedded policy's warm start run it unchanged.
 
 - Rows are verl's layout: `data_source`, `prompt` (chat messages), `reward_model.ground_truth`, `extra_info`.
   A row without `prompt` or `reward_model.ground_truth` fails at load, naming the file and the line.
-- A tool is a function; its JSON schema comes from its signature (type hints) and docstring (the first paragraph
-  describes the tool, `name: text` lines under `Args:` describe parameters), or from an explicit OpenAI-style
-  schema (`tool(fn, schema=...)`). A function whose schema cannot be derived fails at load.
+- A tool is a function; its JSON schema comes from its signature (type hints, written as transformers'
+  `get_json_schema` writes them: Optional and unions, list[T], dict[str, T], tuples, Literal, Enum) and docstring (the
+  first paragraph describes the tool, `name: text` lines under `Args:` describe parameters), or from an explicit
+  OpenAI-style schema (`tool(fn, schema=...)`). A function whose schema cannot be derived fails at load. A tool may
+  return a `ToolOutput` to leave a step reward on its turn's node.
 - The reward has verl's custom-reward signature `compute_score(data_source, solution_str, ground_truth,
-  extra_info)` and returns a number or a dict with a numeric "score". One that raises or returns anything else
-  makes the leaf fail: `step` raises `RewardError`, which the driver turns into a failed leaf and counts in
-  `rollout/env_exceptions`; the run goes on.
+  extra_info)` and returns a number or a dict with a numeric "score" (or is a list of such functions, weighted). It
+  runs in the task's `RewardPool` (`tracerl.io.rewards`: workers, a timeout per call, counts). One that raises, times
+  out or returns anything else makes the leaf fail: `step` raises `RewardError`, which the driver turns into a
+  failed leaf and counts (`rollout/reward_errors` or `rollout/reward_timeouts`, and `rollout/env_exceptions`); the
+  run goes on.
+- Everything that can be checked at load is: rows and message shapes, tool schemas, the reward's signature, and,
+  when the method branches, that every stateful tool declares how it branches and that replayed tools give the
+  same observations on the expert's calls. An exception while importing the task names the file and line.
 
 State for branching. A stateful tool takes the episode's state object as its first parameter, named `state` (made
 per environment by `UserTask.make_state(row)`, never shown to the model), and declares how a continuation resumes
 it: `state="copy"` (Python data: snapshot and restore deep-copy it, as the built-in domains do) or
 `state="replay"` (outside state such as a database file or a sandbox: a snapshot is the list of tool calls made so
-far, and restore replays them, in order, in the fresh environment the driver made; each replayed call must give
-the observation it gave the first time, else restore raises). A stateful tool that declares neither runs, but
-restoring a snapshot past its first call raises a `ValueError` naming the tool and the fix. Stateless tools (no
-`state` parameter) need nothing.
+far, and restore replays the stateful ones, in order, in the fresh environment the driver made; each replayed call
+must give the observation it gave the first time, the episodes' own state paths masked, else restore raises and
+shows where they differ). A stateful tool that declares neither fails at load under a method that branches, and
+otherwise runs. Stateless tools (no `state` parameter) need nothing and are never replayed.
 
 Deliberately not here: async tools, tools that return images, reading parquet without pyarrow. verl's `BaseTool`
 classes, tool config YAML and custom reward settings load into a `UserTask` in `tracerl.io.verl_task`.
@@ -31,19 +38,15 @@ classes, tool config YAML and custom reward settings load into a `UserTask` in `
 from __future__ import annotations
 
 import copy
-import enum
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
 import os
-import re
 import sys
 import traceback
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,180 +55,10 @@ import numpy as np
 from tracerl.io.actions import Tool, call_tool, parse_action
 from tracerl.io.env import StepResult
 from tracerl.io.rewards import RewardError, RewardPool, score_of  # noqa: F401 (RewardError, score_of: public here)
+from tracerl.io.task_tools import (STATE_KINDS, ToolOutput, UserTool, make_tool,  # noqa: F401 (public here too)
+                                   schema_from_function, tool)
 
-STATE_KINDS = ("copy", "replay")
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
-_JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", tuple: "array",
-              dict: "object", type(None): "null"}
-_JSON_SCALAR = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
-
-
-# ---------------------------------------------------------------- tools
-
-@dataclass(frozen=True)
-class UserTool:
-    """One tool of a task: its schema (as `Tool`), whether it takes the episode state, and how that state branches."""
-
-    tool: Tool
-    takes_state: bool = False  # the function's first parameter is the episode's state object
-    state: str = ""  # "copy", "replay", or "" (stateless, or stateful without a declaration)
-
-
-def tool(fn: Callable[..., Any] | None = None, *, state: str = "", schema: dict[str, Any] | None = None,
-         name: str = "") -> Any:
-    """Mark a function as a tool: `@tool`, `@tool(state="replay")`, or `tool(fn, schema={...})`.
-
-    `state` says how a continuation resumes the state this tool changes ("copy" or "replay", see the module
-    docstring); `schema` is an OpenAI-style function schema that replaces the derived one."""
-    if state and state not in STATE_KINDS:
-        raise ValueError(f"tool state={state!r}; use 'copy' (Python data, deep-copied) or 'replay' (outside state, "
-                         "resumed by replaying the calls)")
-
-    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        f.__tracerl_tool__ = {"state": state, "schema": schema, "name": name}
-        return f
-    return mark(fn) if fn is not None else mark
-
-
-def _doc_parts(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
-    """(description, {parameter: description}) from a Google-style docstring."""
-    doc = inspect.getdoc(fn) or ""
-    head, _, rest = doc.partition("\nArgs:")
-    described: dict[str, str] = {}
-    for line in rest.splitlines():
-        match = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?\s*:\s*(.+)", line)
-        if match:
-            described[match.group(1)] = match.group(2).strip()
-        elif line.strip() and not line.startswith((" ", "\t")):
-            break  # the next section (Returns:, Raises:)
-    return " ".join(head.split("\n\n")[0].split()), described
-
-
-def _enum_schema(values: list[Any], where: str) -> dict[str, Any]:
-    if not values or any(type(v) not in _JSON_SCALAR for v in values):
-        raise ValueError(f"{where}: the values {values!r} of its Literal or Enum must be str, int, float, bool or None")
-    kinds = list(dict.fromkeys(_JSON_SCALAR[type(v)] for v in values))
-    return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
-
-
-def _json_type(annotation: Any, where: str) -> dict[str, Any]:
-    """The JSON schema of a type hint, as transformers' `get_json_schema` (chat templates, verl's function tools)
-    writes it: `X | None` and `Optional[X]` add `"nullable": true`, a union of plain types lists them, others
-    become `anyOf`; `list[T]` has `items`, `tuple[A, B]` `prefixItems`, `dict[str, T]` `additionalProperties`;
-    a Literal or an Enum class is an `enum` of its values."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is None and isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return _enum_schema([member.value for member in annotation], where)
-    if origin is typing.Union or origin is types.UnionType:
-        options = [_json_type(a, where) for a in args if a is not type(None)]
-        if len(options) == 1:
-            out = options[0]
-        elif all(o.keys() == {"type"} and isinstance(o["type"], str) for o in options):
-            names = sorted({o["type"] for o in options})
-            out = {"type": names[0] if len(names) == 1 else names}
-        else:
-            out = {"anyOf": options}
-        return {**out, "nullable": True} if type(None) in args else out
-    if origin is typing.Literal:
-        return _enum_schema(list(args), where)
-    if origin is list and args:
-        return {"type": "array", "items": _json_type(args[0], where)}
-    if origin is tuple and args:
-        if len(args) == 1 or ... in args:
-            raise ValueError(f"{where} has type {annotation!r}; use list[T] for a sequence of any length, or a "
-                             "tuple of two or more fixed types")
-        return {"type": "array", "prefixItems": [_json_type(a, where) for a in args]}
-    if origin is dict and len(args) == 2:
-        return {"type": "object", "additionalProperties": _json_type(args[1], where)}
-    if annotation is typing.Any:
-        return {}
-    base = origin or annotation
-    if base not in _JSON_TYPE:
-        raise ValueError(f"{where} has type {annotation!r}, which has no JSON schema type; annotate it with str, "
-                         "int, float, bool, list[...], dict[str, ...], tuple[...], Optional[...], a union, a Literal "
-                         "or an Enum, or pass schema={...} to tool()")
-    return {"type": _JSON_TYPE[base]}
-
-
-def schema_from_function(fn: Callable[..., Any], name: str = "") -> tuple[dict[str, Any], bool]:
-    """(OpenAI function schema, takes_state) derived from `fn`'s signature and docstring.
-
-    Every parameter except a leading `state` needs a type hint; parameters without a default are required."""
-    label = f"tool {getattr(fn, '__qualname__', fn)!r}"
-    try:
-        hints = typing.get_type_hints(fn)
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError, NameError) as err:
-        raise ValueError(f"{label}: cannot read its signature ({err}); pass schema={{...}} to tool()") from None
-    takes_state = bool(params) and params[0].name == "state"
-    description, described = _doc_parts(fn)
-    if not description:
-        raise ValueError(f"{label} has no docstring; its first paragraph is the description the model reads")
-    properties, required = {}, []
-    for p in params[takes_state:]:
-        where = f"{label}, parameter {p.name!r}"
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ValueError(f"{where}: *args/**kwargs have no schema; name each parameter or pass schema={{...}}")
-        if p.name not in hints:
-            raise ValueError(f"{where} has no type hint; add one (str, int, float, bool, list, dict)")
-        properties[p.name] = {**_json_type(hints[p.name], where),
-                              **({"description": described[p.name]} if p.name in described else {})}
-        if p.default is p.empty:
-            required.append(p.name)
-    schema = {"type": "function", "function": {"name": name or fn.__name__, "description": description,
-                                               "parameters": {"type": "object", "properties": properties,
-                                                              "required": required}}}
-    return schema, takes_state
-
-
-def make_tool(fn: Callable[..., Any]) -> UserTool:
-    """A `UserTool` from a function (marked with `tool` or not); raises ValueError when no schema can be had."""
-    if not callable(fn):
-        raise ValueError(f"tools must be functions, got {fn!r}")
-    marks = getattr(fn, "__tracerl_tool__", {})
-    schema = marks.get("schema")
-    if schema is None:
-        schema, takes_state = schema_from_function(fn, marks.get("name", ""))
-    else:
-        function = schema.get("function", schema)  # {"type": "function", "function": {...}} or the inner object
-        if not isinstance(function.get("name"), str) or not isinstance(function.get("parameters", {}), dict):
-            raise ValueError(f"tool {fn.__name__!r}: schema must be OpenAI-style {{'type': 'function', 'function': "
-                             "{'name': ..., 'description': ..., 'parameters': {...}}}")
-        schema = {"type": "function", "function": function}
-        params = list(inspect.signature(fn).parameters)
-        takes_state = bool(params) and params[0] == "state"
-    function = schema["function"]
-    parameters = function.get("parameters") or {"type": "object", "properties": {}, "required": []}
-    return UserTool(Tool(function["name"], function.get("description", ""), parameters, _with_enums(fn)),
-                    takes_state, marks.get("state", ""))
-
-
-def _with_enums(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` taking the Enum members of its Enum-typed parameters from their JSON values (what the model writes)."""
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # an explicit schema over a function whose hints do not resolve: nothing to convert
-        return fn
-    enums = {k: h for k, h in hints.items() if isinstance(h, type) and issubclass(h, enum.Enum) and k != "return"}
-    if not enums:
-        return fn
-
-    def converted(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **{k: enums[k](v) if k in enums else v for k, v in kwargs.items()})
-    return converted
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    """What a tool may return besides text: the observation plus a step reward and metrics (verl's `execute`
-    returns this triple). The reward is kept on the turn's node (`meta["tool_reward"]`), not added to the leaf's."""
-
-    text: str
-    reward: float | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return self.text
 
 
 # ---------------------------------------------------------------- rows
@@ -645,7 +478,8 @@ def load_task(spec: str = "", train_files: Sequence[str] = (), test_files: Seque
                          f"{err}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ValueError(f"data.task={spec!r}: module {module_name!r} has no {attr!r} (the function that returns the UserTask)")
+        raise ValueError(f"data.task={spec!r}: module {module_name!r} has no {attr!r} (the function that returns "
+                         "the UserTask)")
     try:
         task = factory()
     except Exception as err:

@@ -133,7 +133,7 @@ def _agent_data_class() -> type:
 def _response(result: Any) -> tuple[str, float | None, dict[str, Any]]:
     """(text, step reward, metrics) of `execute`'s result: (ToolResponse | str | dict, reward, metrics), or the
     response alone."""
-    response, reward, metrics = (tuple(result) + (None, None))[:3] if isinstance(result, tuple) else (result, None, None)
+    response, reward, metrics = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
     if isinstance(response, dict):
         response = response.get("text")
     else:
