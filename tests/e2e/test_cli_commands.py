@@ -53,11 +53,11 @@ COVERED = {"bench alloc": "test_bench_alloc_and_predictors", "bench predictors":
            "report": "test_train_resume_eval_view_report", "compare": "test_compare",
            "warmstart": "test_regime_and_warmstart", "regime": "test_regime_and_warmstart",
            "config": "test_config_and_methods", "methods": "test_config_and_methods",
-           "serve": "test_serve_answers_on_loopback"}
+           "serve": "test_serve_answers_on_loopback", "train (lora)": "test_train_with_lora"}
 
 
 def test_every_subcommand_is_run_by_a_test():
-    assert sorted(COVERED) == sorted(" ".join(w) for w in subcommands())
+    assert sorted(k for k in COVERED if "(" not in k) == sorted(" ".join(w) for w in subcommands())
     assert all(name in globals() for name in COVERED.values())
 
 
@@ -235,9 +235,19 @@ def test_a_reward_that_always_fails_is_shown_and_fails_the_command(model_dir, tm
     assert status == 1 and "every reward call" in err, (status, err)
 
 
-def test_serve_answers_on_loopback(model_dir):
+def test_train_with_lora(tiny_overrides, tmp_path, capsys):
+    # docs/training.md: tracerl train --set policy.lora_rank=16 --set policy.lora_alpha=32
+    pytest.importorskip("peft")
+    sets = [a for o in tiny_overrides for a in ("--set", o)]
+    status, text, err = run(capsys, "train", "--set", "policy.lora_rank=16", "--set", "policy.lora_alpha=32", *sets,
+                            "--set", "run.num_steps=1", "--out", tmp_path / "lora")
+    assert status == 0 and "held-out success after" in text, err
+
+
+def test_serve_answers_on_loopback(model_dir, tiny_overrides, tmp_path, capsys):
     """docs/engines.md: `tracerl serve --model ./my-model --port 8000 --threads 1`, the tiny policy saved with
-    save_pretrained as ./my-model."""
+    save_pretrained as ./my-model; then `tracerl train --set policy.engine=openai --set policy.base_url=...`
+    samples through it."""
     httpx = pytest.importorskip("httpx")
     model = model_dir
     port = free_port()
@@ -254,6 +264,11 @@ def test_serve_answers_on_loopback(model_dir):
                 assert time.monotonic() < deadline, "tracerl serve did not answer within 120 s"
                 time.sleep(0.5)
         assert reply.status_code == 200 and reply.json()["data"]
+        sets = [a for o in tiny_overrides for a in ("--set", o)]
+        status, text, err = run(capsys, "train", "--set", "policy.engine=openai", "--set",
+                                f"policy.base_url=http://127.0.0.1:{port}", *sets, "--set", "run.num_steps=1",
+                                "--out", tmp_path / "served")
+        assert status == 0 and "held-out success after" in text, err
     finally:
         server.terminate()
         server.wait(30)
