@@ -92,3 +92,17 @@ def test_the_driver_scores_a_batch_of_answers_at_once(tmp_path):
     for i, tree in enumerate(trees):
         assert sorted(tree.rewards()) == [0.0, 1.0], (i, tree.rewards())
     assert driver.counters["rollout/reward_calls"] == 6
+
+
+def test_a_reward_that_never_returns_does_not_keep_the_process_from_exiting():
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom tracerl.io.rewards import RewardError, RewardPool\n"
+            "def hang(data_source, solution_str, ground_truth, extra_info=None):\n    time.sleep(600)\n"
+            "try:\n    RewardPool([hang], timeout_s=0.2)(data_source='d', solution_str='s', ground_truth='g', "
+            "extra_info={})\nexcept RewardError as err:\n    print(err)\n")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "timed out after 0.2 s" in done.stdout, done.stderr
+    assert time.perf_counter() - started < 30, "the interpreter waited for the hung reward thread"

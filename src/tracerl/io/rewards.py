@@ -12,7 +12,8 @@ Pools: "thread" (default; rewards that wait on I/O, a sandbox, a judge server, o
 (CPU-bound Python, or code that can hang: the timeout is enforced inside the worker with SIGALRM, so a hung call
 frees its worker; the functions must be importable module-level functions, checked at load) or "none" (in the
 caller's thread, no timeout: for debugging). A timed-out call in a thread cannot be stopped: it keeps its worker
-until it returns, so set `workers` above the number of calls that may hang at once, or use processes.
+until it returns, so set `workers` above the number of calls that may hang at once, or use processes. The threads
+are daemons, so a call that never returns does not keep the process from exiting.
 
 Deliberately not here: retries (a reward that fails is a failed leaf, counted), async batching of judge calls.
 """
@@ -26,6 +27,7 @@ import inspect
 import math
 import multiprocessing
 import pickle
+import queue
 import signal
 import threading
 import warnings
@@ -92,6 +94,37 @@ def _weighted_score(functions: Sequence[Callable[..., Any]], weights: Sequence[f
             signal.signal(signal.SIGALRM, previous)
 
 
+class _DaemonThreads:
+    """A fixed set of daemon threads that run submitted calls into futures. Unlike ThreadPoolExecutor, whose
+    threads are joined when the interpreter exits, a reward call that hangs for ever cannot block the exit."""
+
+    def __init__(self, workers: int) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        for number in range(workers):
+            threading.Thread(target=self._work, name=f"tracerl-reward-{number}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args = self._calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as err:  # handed to the caller through the future
+                    future.set_exception(err)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        while cancel_futures:
+            try:
+                self._calls.get_nowait()[0].cancel()
+            except queue.Empty:
+                break
+
+
 class RewardPool:
     """Reward calls in a pool of workers, with a timeout per call and counts of calls, errors and timeouts."""
 
@@ -118,18 +151,18 @@ class RewardPool:
         self.pool, self.workers, self.timeout_s = pool, workers, timeout_s
         self.counts = {"calls": 0, "errors": 0, "timeouts": 0}
         self._lock = threading.Lock()
-        self._executor: concurrent.futures.Executor | None = None
+        self._executor: Any = None
         self._warned = False
         self._last_error = ""
 
-    def _start(self) -> concurrent.futures.Executor:
+    def _start(self) -> Any:
         with self._lock:
             if self._executor is None:
                 if self.pool == "process":
                     self._executor = concurrent.futures.ProcessPoolExecutor(
                         self.workers, mp_context=multiprocessing.get_context("fork"))
                 else:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, "tracerl-reward")
+                    self._executor = _DaemonThreads(self.workers)
             return self._executor
 
     def submit(self, **kwargs: Any) -> Any:

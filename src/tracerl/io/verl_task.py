@@ -36,6 +36,7 @@ turn), and reading the verl Hydra config (`tracerl.integrations.verl` does).
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -122,6 +123,7 @@ class TrajectoryData:
         self.extra_fields: dict[str, Any] = {}
 
 
+@functools.cache
 def _agent_data_class() -> type:
     try:
         from verl.experimental.agent_loop.tool_agent_loop import AgentData
