@@ -147,6 +147,23 @@ def _train(args: argparse.Namespace) -> int:
         result = run_training(config, resume=args.resume, say=bar.write if bar else say,
                               progress=bar.update if bar else None)
     print_summary(result)
+    return _report_faults(config.out_dir())
+
+
+def _report_faults(run_dir) -> int:
+    """Print the run's reward failures (they are failed leaves, easy to mistake for a policy that learned nothing);
+    exit status 1 when every reward call failed."""
+    from tracerl.io.runlog import read_metrics
+    from tracerl.report.run_report import fault_counts, fault_lines
+
+    counts = fault_counts(read_metrics(run_dir))
+    for line in fault_lines(counts):
+        print(line)
+    calls = sum(c["reward_calls"] for c in counts.values())
+    if calls and sum(c["reward_errors"] + c["reward_timeouts"] for c in counts.values()) == calls:
+        print(f"tracerl: error: every reward call of {run_dir} failed; the trees (tracerl view {run_dir}) show the "
+              "error", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -164,6 +181,10 @@ def _eval(args: argparse.Namespace) -> int:
         row = trainer.evaluate(log=False)
     print(f"held-out success at step {trainer.step}: {format_eval(row)} ({row['eval/num_prompts']} questions x "
           f"{config.run.eval_samples} samples)")
+    from tracerl.report.run_report import fault_counts, fault_lines
+
+    for line in fault_lines(fault_counts([row])):
+        print(line)
     return 0
 
 

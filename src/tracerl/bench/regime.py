@@ -60,7 +60,7 @@ def run(config: Any, split: str = "train", num_prompts: int = 256, n: int = 8, t
     import torch
 
     from tracerl.engines import torch_threads
-    from tracerl.train.evaluation import evaluate_rows
+    from tracerl.policy.evaluation import evaluate_rows
     from tracerl.train.policy import load_policy
 
     if num_prompts < 1 or n < 1:

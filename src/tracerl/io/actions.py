@@ -79,7 +79,13 @@ class Tool:
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict,
+               "null": type(None)}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    expected = _JSON_TYPES.get(kind, object) if isinstance(kind, str) else object
+    return isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, (int, float)))
 
 
 def check_arguments(tool: Tool, arguments: dict[str, Any]) -> str:
@@ -92,8 +98,11 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> str:
     if unknown:
         return f"{tool.name}: unknown argument(s) {unknown}; expected {sorted(props)}"
     for key, value in arguments.items():
-        expected = _JSON_TYPES.get(props[key].get("type", ""), object)
-        if not isinstance(value, expected) or (isinstance(value, bool) and expected in (int, (int, float))):
+        kinds = props[key].get("type", "")  # one JSON type, a list of them (a union), or none (anyOf, Any)
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if value is None and (props[key].get("nullable") or "null" in kinds):
+            continue
+        if not any(_fits(value, kind) for kind in kinds):
             return f"{tool.name}: argument {key!r} must be of type {props[key].get('type')}"
     return ""
 

@@ -127,6 +127,10 @@ class ReActDriver:
                     own_env = env if j == k - 1 else self._copy_env(tree, node_id)
                     pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id), completion))
         while pending:
+            for rollout, completion in pending:  # an environment may start slow work (a reward) for all at once
+                prefetch = getattr(rollout.env, "prefetch", None)
+                if prefetch is not None:
+                    prefetch(self.renderer.policy_text(list(completion.token_ids)))
             active = []
             for rollout, completion in pending:
                 num_sampled += len(completion.token_ids)
@@ -169,6 +173,9 @@ class ReActDriver:
             result = rollout.env.step(text)
         except EpisodeError as err:  # the environment cannot go on (not the model's doing): a failed leaf
             self.counters["rollout/env_exceptions"] += 1
+            if getattr(err, "metric", None):  # what failed, e.g. rollout/reward_errors, rollout/reward_timeouts
+                self.counters[err.metric] += 1
+                self.counters["rollout/reward_calls"] += err.metric.startswith("rollout/reward_")
             add(policy_only(f"error: {type(err).__name__}: {err}"[:500]), reward=0.0, finish_reason="error",
                 tool_error=True)
             return False
@@ -178,6 +185,7 @@ class ReActDriver:
                                 f"{str(err)[:300]})", done=False, tool_error=True)
         self.counters["rollout/tool_errors"] += bool(result.tool_error)
         if result.done:
+            self.counters["rollout/reward_calls"] += 1
             add(policy_only(), reward=result.reward, finish_reason="answer", tool_error=result.tool_error)
             return False
         # lone surrogates (a JSON "\\ud800" echoed by a tool) cannot be encoded: they become "?"
@@ -200,7 +208,7 @@ class ReActDriver:
             return False
         segment = Segment(policy_ids + obs_ids, logprobs + [0.0] * len(obs_ids),
                           [1] * len(policy_ids) + [0] * len(obs_ids), text, observation)
-        node_id = add(segment, tool_error=result.tool_error)
+        node_id = add(segment, tool_error=result.tool_error, meta=result.info.get("meta"))
         rollout.node_id, rollout.prefix = node_id, rollout.prefix + segment.token_ids
         self._remember(tree, node_id, rollout.env, len(rollout.prefix))
         return True

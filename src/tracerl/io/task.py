@@ -7,22 +7,29 @@ trainer and the embedded policy's warm start run it unchanged.
 
 - Rows are verl's layout: `data_source`, `prompt` (chat messages), `reward_model.ground_truth`, `extra_info`.
   A row without `prompt` or `reward_model.ground_truth` fails at load, naming the file and the line.
-- A tool is a function; its JSON schema comes from its signature (type hints) and docstring (the first paragraph
-  describes the tool, `name: text` lines under `Args:` describe parameters), or from an explicit OpenAI-style
-  schema (`tool(fn, schema=...)`). A function whose schema cannot be derived fails at load.
+- A tool is a function; its JSON schema comes from its signature (type hints, written as transformers'
+  `get_json_schema` writes them: Optional and unions, list[T], dict[str, T], tuples, Literal, Enum) and docstring (the
+  first paragraph describes the tool, `name: text` lines under `Args:` describe parameters), or from an explicit
+  OpenAI-style schema (`tool(fn, schema=...)`). A function whose schema cannot be derived fails at load. A tool may
+  return a `ToolOutput` to leave a step reward on its turn's node.
 - The reward has verl's custom-reward signature `compute_score(data_source, solution_str, ground_truth,
-  extra_info)` and returns a number or a dict with a numeric "score". One that raises or returns anything else
-  makes the leaf fail: `step` raises `RewardError`, which the driver turns into a failed leaf and counts in
-  `rollout/env_exceptions`; the run goes on.
+  extra_info)` and returns a number or a dict with a numeric "score" (or is a list of such functions, weighted). It
+  runs in the task's `RewardPool` (`tracerl.io.rewards`: workers, a timeout per call, counts). One that raises, times
+  out or returns anything else makes the leaf fail: `step` raises `RewardError`, which the driver turns into a
+  failed leaf and counts (`rollout/reward_errors` or `rollout/reward_timeouts`, and `rollout/env_exceptions`); the
+  run goes on.
+- Everything that can be checked at load is: rows and message shapes, tool schemas, the reward's signature, and,
+  when the method branches, that every stateful tool declares how it branches and that replayed tools give the
+  same observations on the expert's calls. An exception while importing the task names the file and line.
 
 State for branching. A stateful tool takes the episode's state object as its first parameter, named `state` (made
 per environment by `UserTask.make_state(row)`, never shown to the model), and declares how a continuation resumes
 it: `state="copy"` (Python data: snapshot and restore deep-copy it, as the built-in domains do) or
 `state="replay"` (outside state such as a database file or a sandbox: a snapshot is the list of tool calls made so
-far, and restore replays them, in order, in the fresh environment the driver made; each replayed call must give
-the observation it gave the first time, else restore raises). A stateful tool that declares neither runs, but
-restoring a snapshot past its first call raises a `ValueError` naming the tool and the fix. Stateless tools (no
-`state` parameter) need nothing.
+far, and restore replays the stateful ones, in order, in the fresh environment the driver made; each replayed call
+must give the observation it gave the first time, the episodes' own state paths masked, else restore raises and
+shows where they differ). A stateful tool that declares neither fails at load under a method that branches, and
+otherwise runs. Stateless tools (no `state` parameter) need nothing and are never replayed.
 
 Deliberately not here: async tools, tools that return images, reading parquet without pyarrow. verl's `BaseTool`
 classes, tool config YAML and custom reward settings load into a `UserTask` in `tracerl.io.verl_task`.
@@ -36,144 +43,24 @@ import importlib
 import importlib.util
 import inspect
 import json
-import math
-import re
-import typing
-from dataclasses import dataclass, field
+import os
+import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tracerl.core.history import History
 from tracerl.io.actions import Tool, call_tool, parse_action
-from tracerl.io.env import EpisodeError, StepResult
+from tracerl.io.env import StepResult
 from tracerl.io.rows import check_row
+from tracerl.io.rewards import RewardError, RewardPool, score_of  # noqa: F401 (RewardError, score_of: public here)
+from tracerl.io.task_tools import (STATE_KINDS, ToolOutput, UserTool, make_tool,  # noqa: F401 (public here too)
+                                   schema_from_function, tool)
 
-STATE_KINDS = ("copy", "replay")
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
-_JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
-
-
-class RewardError(EpisodeError):
-    """The task's reward function raised or returned a non-number (the leaf fails; the run goes on)."""
-
-
-# ---------------------------------------------------------------- tools
-
-@dataclass(frozen=True)
-class UserTool:
-    """One tool of a task: its schema (as `Tool`), whether it takes the episode state, and how that state branches."""
-
-    tool: Tool
-    takes_state: bool = False  # the function's first parameter is the episode's state object
-    state: str = ""  # "copy", "replay", or "" (stateless, or stateful without a declaration)
-
-
-def tool(fn: Callable[..., Any] | None = None, *, state: str = "", schema: dict[str, Any] | None = None,
-         name: str = "") -> Any:
-    """Mark a function as a tool: `@tool`, `@tool(state="replay")`, or `tool(fn, schema={...})`.
-
-    `state` says how a continuation resumes the state this tool changes ("copy" or "replay", see the module
-    docstring); `schema` is an OpenAI-style function schema that replaces the derived one."""
-    if state and state not in STATE_KINDS:
-        raise ValueError(f"tool state={state!r}; use 'copy' (Python data, deep-copied) or 'replay' (outside state, "
-                         "resumed by replaying the calls)")
-
-    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        f.__tracerl_tool__ = {"state": state, "schema": schema, "name": name}
-        return f
-    return mark(fn) if fn is not None else mark
-
-
-def _doc_parts(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
-    """(description, {parameter: description}) from a Google-style docstring."""
-    doc = inspect.getdoc(fn) or ""
-    head, _, rest = doc.partition("\nArgs:")
-    described: dict[str, str] = {}
-    for line in rest.splitlines():
-        match = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?\s*:\s*(.+)", line)
-        if match:
-            described[match.group(1)] = match.group(2).strip()
-        elif line.strip() and not line.startswith((" ", "\t")):
-            break  # the next section (Returns:, Raises:)
-    return " ".join(head.split("\n\n")[0].split()), described
-
-
-def _json_type(annotation: Any, where: str) -> dict[str, Any]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        values = list(typing.get_args(annotation))
-        return {"type": _JSON_TYPE[type(values[0])], "enum": values}
-    base = origin or annotation
-    if base not in _JSON_TYPE:
-        raise ValueError(f"{where} has type {annotation!r}, which has no JSON schema type; annotate it with str, "
-                         "int, float, bool, list, dict or a Literal, or pass schema={...} to tool()")
-    return {"type": _JSON_TYPE[base]}
-
-
-def schema_from_function(fn: Callable[..., Any], name: str = "") -> tuple[dict[str, Any], bool]:
-    """(OpenAI function schema, takes_state) derived from `fn`'s signature and docstring.
-
-    Every parameter except a leading `state` needs a type hint; parameters without a default are required."""
-    label = f"tool {getattr(fn, '__qualname__', fn)!r}"
-    try:
-        hints = typing.get_type_hints(fn)
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError, NameError) as err:
-        raise ValueError(f"{label}: cannot read its signature ({err}); pass schema={{...}} to tool()") from None
-    takes_state = bool(params) and params[0].name == "state"
-    description, described = _doc_parts(fn)
-    if not description:
-        raise ValueError(f"{label} has no docstring; its first paragraph is the description the model reads")
-    properties, required = {}, []
-    for p in params[takes_state:]:
-        where = f"{label}, parameter {p.name!r}"
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ValueError(f"{where}: *args/**kwargs have no schema; name each parameter or pass schema={{...}}")
-        if p.name not in hints:
-            raise ValueError(f"{where} has no type hint; add one (str, int, float, bool, list, dict)")
-        properties[p.name] = {**_json_type(hints[p.name], where),
-                              **({"description": described[p.name]} if p.name in described else {})}
-        if p.default is p.empty:
-            required.append(p.name)
-    schema = {"type": "function", "function": {"name": name or fn.__name__, "description": description,
-                                               "parameters": {"type": "object", "properties": properties,
-                                                              "required": required}}}
-    return schema, takes_state
-
-
-def make_tool(fn: Callable[..., Any]) -> UserTool:
-    """A `UserTool` from a function (marked with `tool` or not); raises ValueError when no schema can be had."""
-    if not callable(fn):
-        raise ValueError(f"tools must be functions, got {fn!r}")
-    marks = getattr(fn, "__tracerl_tool__", {})
-    schema = marks.get("schema")
-    if schema is None:
-        schema, takes_state = schema_from_function(fn, marks.get("name", ""))
-    else:
-        function = schema.get("function", schema)  # {"type": "function", "function": {...}} or the inner object
-        if not isinstance(function.get("name"), str) or not isinstance(function.get("parameters", {}), dict):
-            raise ValueError(f"tool {fn.__name__!r}: schema must be OpenAI-style {{'type': 'function', 'function': "
-                             "{'name': ..., 'description': ..., 'parameters': {...}}}")
-        schema = {"type": "function", "function": function}
-        params = list(inspect.signature(fn).parameters)
-        takes_state = bool(params) and params[0] == "state"
-    function = schema["function"]
-    parameters = function.get("parameters") or {"type": "object", "properties": {}, "required": []}
-    return UserTool(Tool(function["name"], function.get("description", ""), parameters, fn), takes_state,
-                    marks.get("state", ""))
-
-
-# ---------------------------------------------------------------- reward
-
-def score_of(value: Any) -> float:
-    """A reward function's result as a float: a finite number, or a dict with a numeric "score" (verl allows both)."""
-    if isinstance(value, dict) and "score" in value:
-        value = value["score"]
-    if isinstance(value, (bool, int, float, np.number)) and math.isfinite(float(value)):
-        return float(value)
-    raise RewardError(f"the reward function returned {value!r:.80}; it must return a finite number or a dict "
-                      "with a numeric 'score'")
 
 
 # ---------------------------------------------------------------- rows
@@ -206,21 +93,8 @@ def load_rows(paths: Sequence[str | Path], split: str) -> list[dict[str, Any]]:
                              f"{split}_files (relative paths start at the working directory), or generate it first")
         for number, row in enumerate(_read_file(path), 1):
             where = f"{path} row {number}"
-            row = check_row(row, where)  # message shapes and types (tracerl.io.rows)
-            if not isinstance(row, dict):
-                raise ValueError(f"{where} is not an object with data_source, prompt, reward_model, extra_info")
-            prompt = row.get("prompt")
-            if isinstance(prompt, str):
-                prompt = [{"role": "user", "content": prompt}]
-            if (not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) and "role" in m and
-                                                                      "content" in m for m in prompt)
-                    or prompt[-1]["role"] != "user"):
-                raise ValueError(f"{where} has no usable 'prompt': it must be a list of chat messages "
-                                 "[{'role': ..., 'content': ...}] ending with the user's")
-            reward_model = row.get("reward_model")
-            if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-                raise ValueError(f"{where} has no 'reward_model.ground_truth'; add "
-                                 "\"reward_model\": {\"style\": \"rule\", \"ground_truth\": ...}")
+            row = check_row(row, where)  # fields, message shapes and types (tracerl.io.rows)
+            prompt, reward_model = row["prompt"], row["reward_model"]
             extra = dict(row.get("extra_info") or {})
             extra.setdefault("index", len(rows))
             rows.append({**row, "data_source": str(row.get("data_source") or "task"), "prompt": list(prompt),
@@ -240,7 +114,8 @@ class UserTask:
     """Everything a user supplies. Rows come from files, or from `rows(split, num, seed)` for generated tasks."""
 
     tools: Sequence[Callable[..., Any]]  # plain functions (optionally marked with `tool`)
-    compute_score: Callable[..., Any]  # verl's signature: (data_source, solution_str, ground_truth, extra_info)
+    # verl's signature: (data_source, solution_str, ground_truth, extra_info); a list is summed with reward_weights
+    compute_score: Callable[..., Any] | Sequence[Callable[..., Any]]
     train_files: Sequence[str] = ()  # parquet/JSONL rows of the training split
     test_files: Sequence[str] = ()  # parquet/JSONL rows of the held-out split
     make_state: Callable[[dict[str, Any]], Any] | None = None  # the episode's state for stateful tools
@@ -248,64 +123,122 @@ class UserTask:
     expert: Expert | None = None  # next policy text given (row, (action, observation) pairs, rng): demonstrations
     solution: str = "answer"  # solution_str: "answer" (text in <answer>) or "transcript" (all turns, as verl decodes)
     name: str = "task"  # shown in metrics and run summaries
+    reward_weights: Sequence[float] | None = None  # one weight per reward function (TRL's reward_weights); None: all 1
+    reward_timeout_s: float = 60.0  # a reward call running longer fails its leaf (counted); 0: no timeout
+    reward_workers: int = 4  # reward calls of one batch of turns run at once in this many workers
+    reward_pool: str = "thread"  # "thread", "process" (CPU-bound or hang-prone rewards) or "none" (inline, no timeout)
+    # named features of a history's state for the success predictor (Domain.state_features: read the history only,
+    # never the gold answer); None: the predictor reads the text alone
+    state_features: Callable[[History], dict[str, float]] | None = None
+
+
+def _state_paths(state: Any, depth: int = 2) -> list[str]:
+    """The file paths an episode's state holds (a temp folder, a database file), longest first: the text that differs
+    between two episodes of one row and is masked before a replayed observation is compared."""
+    if isinstance(state, (str, os.PathLike)):
+        text = os.fspath(state)
+        return [text] if os.path.isabs(text) and len(text) > 1 else []
+    if depth and isinstance(state, dict):
+        state = list(state.values())
+    if depth and isinstance(state, (list, tuple)):
+        return sorted({p for item in state for p in _state_paths(item, depth - 1)}, key=len, reverse=True)
+    return []
+
+
+def _masked(text: str, paths: Sequence[str]) -> str:
+    for path in paths:
+        text = text.replace(path, "<state>")
+    return text
+
+
+def _difference(first: str, again: str) -> str:
+    """Where two observations part: the character offset and both texts from a little before it."""
+    at = next((i for i, (a, b) in enumerate(zip(first, again)) if a != b), min(len(first), len(again)))
+    start = max(0, at - 20)
+    def cut(text: str) -> str:
+        return ("..." if start else "") + text[start:at + 80] + ("..." if len(text) > at + 80 else "")
+    return f"they differ from character {at}: first {cut(first)!r}, now {cut(again)!r}"
 
 
 class UserTaskEnv:
     """One episode of a `UserTask`; the Environment protocol of `tracerl.io.env`."""
 
-    def __init__(self, task: UserTask, tools: dict[str, UserTool]) -> None:
+    def __init__(self, task: UserTask, tools: dict[str, UserTool], rewards: RewardPool | None = None) -> None:
         self.task, self.user_tools = task, tools
+        self.rewards = rewards or RewardPool(_reward_functions(task), task.reward_weights, pool="none")
         self.row: dict[str, Any] = {}
         self.state: Any = None
         self.calls: list[tuple[str, dict[str, Any], str]] = []  # (tool, arguments, observation) in order
         self.transcript: list[str] = []
+        self._pending: tuple[str, Any] | None = None  # (answer action, reward call started by `prefetch`)
+        self._meta: dict[str, Any] = {}  # what the last tool call leaves on its node (a step reward)
         kinds = {t.state for t in tools.values() if t.takes_state}
         self.mode = "replay" if "replay" in kinds else "copy" if kinds == {"copy"} else "none"
         self.undeclared = sorted(n for n, t in tools.items() if t.takes_state and not t.state)
 
     def _table(self) -> dict[str, Tool]:
         def bound(t: UserTool) -> Tool:
-            fn = (lambda **kw: t.tool.fn(self.state, **kw)) if t.takes_state else t.tool.fn
-            return Tool(t.tool.name, t.tool.description, t.tool.parameters, fn)
+            def run(**kw: Any) -> Any:
+                out = t.tool.fn(self.state, **kw) if t.takes_state else t.tool.fn(**kw)
+                if isinstance(out, ToolOutput):
+                    self._meta = {"tool_reward": out.reward, **({"tool_metrics": out.metrics} if out.metrics else {})}
+                return out
+            return Tool(t.tool.name, t.tool.description, t.tool.parameters, run)
         return {name: bound(t) for name, t in self.user_tools.items()}
 
     def reset(self, row: dict[str, Any]) -> str:
         self.close()
-        self.row, self.calls, self.transcript = row, [], []
+        self.row, self.calls, self.transcript, self._pending = row, [], [], None
         self.state = self.task.make_state(row) if self.task.make_state else None
         return row["prompt"][-1]["content"]
 
     def tools(self) -> list[dict[str, Any]]:
         return [t.tool.schema() for t in self.user_tools.values()]
 
+    def _solution(self, parsed: Any, transcript: Sequence[str]) -> str:
+        return parsed.answer if self.task.solution == "answer" else "\n".join(transcript)
+
+    def _reward_call(self, parsed: Any, transcript: Sequence[str]) -> Any:
+        row = self.row
+        return self.rewards.submit(data_source=row["data_source"], solution_str=self._solution(parsed, transcript),
+                                   ground_truth=row["reward_model"]["ground_truth"],
+                                   extra_info=row.get("extra_info", {}))
+
+    def prefetch(self, action: str) -> None:
+        """Start the reward of a final answer before `step(action)` asks for it, so the rewards of a batch of turns
+        run at once in the reward pool (the driver calls this for every turn of a batch first)."""
+        parsed = parse_action(action)
+        if parsed.kind == "answer":
+            self._pending = (action, self._reward_call(parsed, [*self.transcript, action]))
+
     def step(self, action: str) -> StepResult:
         self.transcript.append(action)
         parsed = parse_action(action)
         if parsed.kind == "answer":
-            solution = parsed.answer if self.task.solution == "answer" else "\n".join(self.transcript)
-            row = self.row
-            try:
-                value = self.task.compute_score(data_source=row["data_source"], solution_str=solution,
-                                                ground_truth=row["reward_model"]["ground_truth"],
-                                                extra_info=row.get("extra_info", {}))
-            except Exception as err:
-                raise RewardError(f"the reward function raised {err.__class__.__name__}: {str(err)[:200]}") from err
-            return StepResult("", True, reward=score_of(value), info={"answer": parsed.answer})
+            pending, self._pending = self._pending, None
+            call = pending[1] if pending and pending[0] == action else self._reward_call(parsed, self.transcript)
+            return StepResult("", True, reward=self.rewards.result(call), info={"answer": parsed.answer})
         if parsed.kind == "invalid":
             return StepResult(f"error: {parsed.error}", False, tool_error=True, info={"error": "format"})
+        self._meta = {}
         observation, failed = call_tool(self._table(), parsed)
         if parsed.name in self.user_tools:
             self.calls.append((parsed.name, copy.deepcopy(parsed.arguments), observation))
         self.transcript.append(observation)
-        return StepResult(observation, False, tool_error=failed, info={"tool": parsed.name})
+        return StepResult(observation, False, tool_error=failed,
+                          info={"tool": parsed.name, **({"meta": self._meta} if self._meta else {})})
 
     def snapshot(self) -> Any:
         calls, transcript = list(self.calls), list(self.transcript)
-        return {"calls": calls, "transcript": transcript,
+        return {"calls": calls, "transcript": transcript, "paths": _state_paths(self.state),
                 "state": copy.deepcopy(self.state) if self.mode == "copy" else None}
 
     def restore(self, snapshot: Any) -> None:
-        """Resume a snapshot in this freshly reset environment: copy the state back, or replay the calls."""
+        """Resume a snapshot in this freshly reset environment: copy the state back, or replay the stateful calls.
+
+        Only calls to tools that take the state are replayed (a stateless tool's answer may vary: nothing depends
+        on it). A replayed observation is compared with the first one after masking each episode's own state paths
+        (the temp folder an error message names differs between episodes)."""
         stateful = [c for c in snapshot["calls"] if self.user_tools[c[0]].takes_state]
         if self.undeclared and any(c[0] in self.undeclared for c in stateful):
             raise ValueError(f"a continuation branches after a call to tool(s) {self.undeclared}, which take the "
@@ -314,13 +247,14 @@ class UserTaskEnv:
         if self.mode == "copy":
             self.state = copy.deepcopy(snapshot["state"])
         elif self.mode == "replay":
-            table = self._table()
-            for name, arguments, observation in snapshot["calls"]:
+            table, paths = self._table(), _state_paths(self.state)
+            for name, arguments, observation in stateful:
                 again, _ = call_tool(table, parse_action(json_call(name, arguments)))
-                if again != observation:
-                    raise ValueError(f"replaying tool {name!r} with {arguments} gave {again[:100]!r}, not "
-                                     f"{observation[:100]!r} as the first time: a tool with state='replay' must be "
-                                     "deterministic given its earlier calls")
+                first, now = _masked(observation, snapshot.get("paths", ())), _masked(again, paths)
+                if first != now:
+                    raise ValueError(f"replaying tool {name!r} with {json.dumps(arguments)[:200]} gave another "
+                                     f"observation than the first time ({_difference(first, now)}): a tool with "
+                                     "state='replay' must be deterministic given its earlier calls")
         self.calls, self.transcript = list(snapshot["calls"]), list(snapshot["transcript"])
 
     def close(self) -> None:
@@ -333,6 +267,11 @@ class UserTaskEnv:
             self.close()
         except Exception:  # interpreter shutdown: nothing left to free
             pass
+
+
+def _reward_functions(task: UserTask) -> list[Callable[..., Any]]:
+    score = task.compute_score
+    return list(score) if isinstance(score, (list, tuple)) else [score]
 
 
 def _source(fn: Any) -> str:
@@ -350,16 +289,27 @@ def json_call(name: str, arguments: dict[str, Any]) -> str:
 class UserTaskDomain:
     """A `UserTask` behind the domain interface of the built-in domains (`tracerl.io.domains.base.Domain`)."""
 
-    def __init__(self, task: UserTask, source: str = "", need_rows: bool = True) -> None:
-        """`need_rows=False` when rows come from elsewhere (verl's batch) and the task may name no files."""
-        try:
-            inspect.signature(task.compute_score).bind(**REWARD_ARGUMENTS)
-        except (TypeError, ValueError):
-            raise ValueError("the task's compute_score must take (data_source, solution_str, ground_truth, "
-                             "extra_info) by keyword, as verl's custom reward functions do") from None
+    def state_features(self, history: History) -> dict[str, float]:
+        """The task's own state features (`UserTask.state_features`), or none."""
+        return self.task.state_features(history) if self.task.state_features is not None else {}
+
+    def __init__(self, task: UserTask, source: str = "", need_rows: bool = True, branching: bool = False) -> None:
+        """`need_rows=False` when rows come from elsewhere (verl's batch) and the task may name no files;
+        `branching=True` when the method resumes rollouts from a turn (stage 2): then every stateful tool must
+        say how it branches, and a replayed tool is checked for determinism on the expert's calls, both here."""
+        functions = _reward_functions(task)
+        for fn in functions:
+            try:
+                inspect.signature(fn).bind(**REWARD_ARGUMENTS)
+            except (TypeError, ValueError):
+                raise ValueError(f"the task's compute_score {getattr(fn, '__name__', fn)!r} must take (data_source, "
+                                 "solution_str, ground_truth, extra_info) by keyword, as verl's custom reward "
+                                 "functions do") from None
         if task.solution not in ("answer", "transcript"):
             raise ValueError(f"task solution={task.solution!r}; use 'answer' or 'transcript'")
         self.task, self.name = task, task.name
+        self.rewards = RewardPool(functions, task.reward_weights, workers=task.reward_workers,
+                                  pool=task.reward_pool, timeout_s=task.reward_timeout_s)
         tools = [make_tool(fn) for fn in task.tools]
         self.tools = {t.tool.name: t for t in tools}
         if len(self.tools) != len(tools):
@@ -367,11 +317,49 @@ class UserTaskDomain:
         if any(t.takes_state for t in tools) and task.make_state is None:
             raise ValueError(f"tool(s) {[n for n, t in self.tools.items() if t.takes_state]} take a state, but the "
                              "task has no make_state(row) to create it")
+        undeclared = sorted(n for n, t in self.tools.items() if t.takes_state and not t.state)
+        if branching and undeclared:
+            raise ValueError(f"tool(s) {undeclared} take the episode state but do not say how a continuation resumes "
+                             "it, and this method branches (stage 2); mark them @tool(state='copy') when the state "
+                             "is Python data, or @tool(state='replay') when it lives outside Python (or train with a "
+                             "method without stage 2, e.g. method='grpo')")
         self._rows = {split: load_rows(files, split) if files else []
                       for split, files in (("train", task.train_files), ("test", task.test_files))}
         if need_rows and not self._rows["train"]:
             raise ValueError("the task has no training rows; set data.train_files or the task's train_files")
         self.source = source
+        if branching and task.expert and self._rows["train"] and any(t.state == "replay" for t in tools):
+            self.check_replay(self._rows["train"][:2])
+
+    @property
+    def reward_counts(self) -> dict[str, int]:
+        """Reward calls so far, and how many failed (`errors`) or ran out of time (`timeouts`)."""
+        return dict(self.rewards.counts)
+
+    def check_replay(self, rows: Sequence[dict[str, Any]], max_turns: int = 8) -> None:
+        """Play the expert on `rows` without scoring, replay its calls in a fresh episode and compare, so a replayed
+        tool that is not deterministic fails at load rather than at the first continuation."""
+        rng = np.random.default_rng(0)
+        for number, row in enumerate(rows, 1):
+            env, turns = self.make_env(), []
+            env.reset(row)
+            try:
+                for _ in range(max_turns):
+                    action = self.task.expert(row, turns, rng)
+                    if parse_action(action).kind != "tool_call":
+                        break
+                    turns.append((action, env.step(action).observation))
+                fresh = self.make_env()
+                fresh.reset(row)
+                try:
+                    fresh.restore(env.snapshot())
+                finally:
+                    fresh.close()
+            except ValueError as err:
+                raise ValueError(f"at load, the expert's calls on training row {number} replayed in a fresh episode: "
+                                 f"{err}") from None
+            finally:
+                env.close()
 
     def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
         """The first `num` rows of `split` in file order (all of them when there are fewer)."""
@@ -382,7 +370,7 @@ class UserTaskDomain:
         return copy.deepcopy(self._rows[split][:num])
 
     def make_env(self) -> UserTaskEnv:
-        return UserTaskEnv(self.task, self.tools)
+        return UserTaskEnv(self.task, self.tools, self.rewards)
 
     def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
         if self.task.expert is None:
@@ -407,9 +395,59 @@ def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_in
     return float(norm(solution_str) == norm(ground_truth))
 
 
-def load_task(spec: str = "", train_files: Sequence[str] = (), test_files: Sequence[str] = ()) -> UserTaskDomain:
+def _where_raised(err: BaseException) -> str:
+    """file:line of the code that raised `err` while importing or calling the user's task: a syntax error's own
+    position, else the deepest frame outside the import machinery."""
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{err.filename}:{err.lineno}"
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _import_task(spec: str, module_name: str) -> Any:
+    if not module_name.endswith(".py"):
+        return importlib.import_module(module_name)
+    path = Path(module_name)  # a file path: the task need not be an installed package
+    if not path.is_file():
+        raise ValueError(f"data.task={spec!r}: no file {path} (a relative path in a config file starts at the "
+                         "config's folder, on the command line at the working directory)")
+    name = f"tracerl_user_task_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # as an import would: pickling its functions (reward_pool='process') finds them
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def resolve_task_paths(data: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """A config's `data` section with its relative paths (`task` given as "file.py:function", `train_files`,
+    `test_files`) made absolute against `folder`: the config file's folder for what the file says, the working
+    directory for what the command line says. A module task ("pkg.mod:function") is left to the import system."""
+    folder, out = Path(folder), dict(data)
+    task = out.get("task")
+    if isinstance(task, str) and ".py:" in task:
+        path, _, attr = task.rpartition(":")
+        out["task"] = f"{folder / Path(path).expanduser()}:{attr}"  # an absolute path stays as it is
+    for key in ("train_files", "test_files"):
+        files = out.get(key)
+        if isinstance(files, str):
+            files = [files]
+        if isinstance(files, (list, tuple)):
+            out[key] = [str(folder / Path(f).expanduser()) if isinstance(f, str) else f for f in files]
+    return out
+
+
+def load_task(spec: str = "", train_files: Sequence[str] = (), test_files: Sequence[str] = (),
+              branching: bool = False) -> UserTaskDomain:
     """The domain of `data.task` ("module:function" returning a `UserTask`), with the config's files, when given,
-    in place of the task's own. Files alone (no `spec`) give a tool-free task scored by `exact_match`."""
+    in place of the task's own. Files alone (no `spec`) give a tool-free task scored by `exact_match`.
+    `branching`: the method resumes rollouts from a turn (see `UserTaskDomain`).
+
+    Any exception while importing the task or calling its factory becomes a ValueError naming the file and line."""
     if not spec:
         return UserTaskDomain(UserTask(tools=(), compute_score=exact_match, train_files=tuple(train_files),
                                        test_files=tuple(test_files), name="files"), source="files")
@@ -418,26 +456,30 @@ def load_task(spec: str = "", train_files: Sequence[str] = (), test_files: Seque
         raise ValueError(f"data.task={spec!r} must be \"module:function\" or \"path/to/file.py:function\", e.g. "
                          "\"my_pkg.tasks:make_task\"")
     try:
-        if module_name.endswith(".py"):  # a file path: the task need not be an installed package
-            path = Path(module_name)
-            if not path.is_file():
-                raise ValueError(f"data.task={spec!r}: no file {path} (relative paths start at the working "
-                                 "directory)")
-            module_spec = importlib.util.spec_from_file_location(f"tracerl_user_task_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-        factory = getattr(module, attr)
-    except ImportError as err:
-        raise ValueError(f"data.task={spec!r}: cannot import {module_name!r} ({err}); put its folder on PYTHONPATH "
-                         "or install the package") from None
-    except AttributeError:
-        raise ValueError(f"data.task={spec!r}: module {module_name!r} has no {attr!r}") from None
-    task = factory()
+        module = _import_task(spec, module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            raise ValueError(f"data.task={spec!r}: cannot import {module_name!r} ({err}); put its folder on "
+                             "PYTHONPATH or install the package") from None
+        raise ValueError(f"data.task={spec!r}: {_where_raised(err)}: importing it raised {type(err).__name__}: "
+                         f"{err}; install what it imports") from None
+    except ValueError:
+        raise
+    except Exception as err:
+        raise ValueError(f"data.task={spec!r}: {_where_raised(err)}: importing it raised {type(err).__name__}: "
+                         f"{err}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"data.task={spec!r}: module {module_name!r} has no {attr!r} (the function that returns "
+                         "the UserTask)")
+    try:
+        task = factory()
+    except Exception as err:
+        raise ValueError(f"data.task={spec!r}: {_where_raised(err)}: {attr}() raised {type(err).__name__}: "
+                         f"{err}") from None
     if not isinstance(task, UserTask):
         raise ValueError(f"data.task={spec!r} returned {type(task).__name__}, not tracerl.io.task.UserTask")
     if train_files or test_files:
         task = UserTask(**{**task.__dict__, **({"train_files": tuple(train_files)} if train_files else {}),
                            **({"test_files": tuple(test_files)} if test_files else {})})
-    return UserTaskDomain(task, source=spec)
+    return UserTaskDomain(task, source=spec, branching=branching)

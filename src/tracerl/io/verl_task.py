@@ -10,30 +10,42 @@
 - the reward of `custom_reward_function.path`/`.name` (and `.reward_kwargs`): a file whose function has verl's
   signature `compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)`, sync or async.
 
-Each tool call runs as verl 0.9.1's tool agent loop runs it: `create(create_kwargs=...)` with the row's
-`extra_info.tools_kwargs[tool].create_kwargs`, `execute(instance_id, arguments)`, then `release(instance_id)`; the
-observation is the response's text (the step reward and metrics `execute` returns are not used: the leaf's reward
-is the reward function's). The coroutines run on one event loop thread per tool set, so a tool's async resources
-live on one loop, as in verl. The tools keep their state outside tracerl, so they are `state="replay"` tools: a
-continuation replays the prefix's calls in a fresh episode and checks each gives the observation it gave before.
-The reward sees the whole transcript (`UserTask.solution="transcript"`), as verl's reward sees the decoded response.
+- the function tools of `function_tool_path`: a Python file whose functions carry verl's `@function_tool`
+  decorator (schema from the signature and docstring, as verl derives it); stateless, called with the arguments.
 
-Bad files fail here, at load, naming the file, the entry and the fix. Deliberately not here: verl's function
-tools (`function_tool_path`), MCP tools, `agent_data` (verl passes its agent loop's state to `execute`; tracerl's
-driver has none), images in tool responses, and reading the verl Hydra config (`tracerl.integrations.verl` does).
+Each `BaseTool` call runs as verl 0.9.1's tool agent loop runs it: `create(create_kwargs=...)` with the row's
+`extra_info.tools_kwargs[tool].create_kwargs`, `execute(instance_id, arguments, agent_data=...)`, then
+`release(instance_id)`. `agent_data` is the trajectory's: verl's own `AgentData` class when it imports (else
+`TrajectoryData`, with the same attributes), made once per episode with a fresh `request_id`, the row's messages and
+`tools_kwargs`, and an `extra_fields` dict that every call of the episode sees, so a tool can keep per-trajectory
+state there across calls, as in verl. The observation is the response's text. The step reward `execute` returns is
+appended to `agent_data.tool_rewards` (as verl does) and kept on the turn's node (`meta["tool_reward"]`), not added to
+the leaf's reward: verl 0.9.1 also only carries it (`extra_fields["tool_rewards"]`) unless a reward function reads
+it, and a tree's advantages must come from one reward. The coroutines run on one event loop thread per tool set,
+so a tool's async resources live on one loop, as in verl. `BaseTool` tools keep their state outside tracerl (in
+the instance or in `agent_data`), so they are `state="replay"` tools: a continuation makes a fresh `agent_data`,
+replays the prefix's calls in order (which rebuilds `extra_fields`) and checks each gives the observation it gave
+before. The reward sees the whole transcript (`UserTask.solution="transcript"`), as verl's reward sees the decoded
+response.
+
+Bad files fail here, at load, naming the file, the entry and the fix. Deliberately not here: MCP tools, images in
+tool responses, `agent_data.messages` growing with the conversation (it holds the row's prompt; verl appends each
+turn), and reading the verl Hydra config (`tracerl.integrations.verl` does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tracerl.io.task import UserTask, UserTaskDomain, tool
+from tracerl.io.task import ToolOutput, UserTask, UserTaskDomain, tool
 
 
 class EventLoopThread:
@@ -89,36 +101,119 @@ def _checked_schema(schema: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _response_text(result: Any) -> str:
-    """The observation of `execute`'s result: (ToolResponse | str | dict, reward, metrics) or the response alone."""
-    response = result[0] if isinstance(result, tuple) else result
+class TrajectoryData:
+    """The attributes of verl's `AgentData` (verl/experimental/agent_loop/tool_agent_loop.py) that a tool reads,
+    for when verl's class cannot be imported: one per trajectory; `extra_fields` is where tools keep session data."""
+
+    def __init__(self, messages: list[dict[str, Any]], image_data: Any, video_data: Any, audio_data: Any,
+                 mm_processor_kwargs: Any, metrics: dict[str, Any], request_id: str,
+                 tools_kwargs: dict[str, Any]) -> None:
+        self.messages, self.image_data, self.video_data, self.audio_data = messages, image_data, video_data, audio_data
+        self.mm_processor_kwargs, self.metrics = mm_processor_kwargs or {}, metrics
+        self.request_id, self.tools_kwargs = request_id, tools_kwargs
+        self.prompt_ids: list[int] = []
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.response_logprobs: list[float] = []
+        self.turn_scores: list[float] = []
+        self.tool_rewards: list[float] = []
+        self.user_turns = self.assistant_turns = 0
+        self.tool_calls: list[Any] = []
+        self.routed_experts = None
+        self.extra_fields: dict[str, Any] = {}
+
+
+@functools.cache
+def _agent_data_class() -> type:
+    try:
+        from verl.experimental.agent_loop.tool_agent_loop import AgentData
+    except Exception:  # verl absent, or its agent loop's heavy imports fail here: the same attributes
+        return TrajectoryData
+    return AgentData
+
+
+def _response(result: Any) -> tuple[str, float | None, dict[str, Any]]:
+    """(text, step reward, metrics) of `execute`'s result: (ToolResponse | str | dict, reward, metrics), or the
+    response alone."""
+    response, reward, metrics = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
     if isinstance(response, dict):
         response = response.get("text")
     else:
         response = getattr(response, "text", response)
-    return "" if response is None else str(response)
+    reward = float(reward) if isinstance(reward, (int, float)) else None
+    return "" if response is None else str(response), reward, dict(metrics or {})
 
 
-def _verl_call(instance: Any, name: str, loop: EventLoopThread) -> Callable[..., str]:
+def _takes_agent_data(method: Callable[..., Any]) -> bool:
+    params = inspect.signature(method).parameters.values()
+    return any(p.kind is p.VAR_KEYWORD or p.name == "agent_data" for p in params)
+
+
+def _verl_call(instance: Any, name: str, loop: EventLoopThread) -> Callable[..., ToolOutput]:
     """The tracerl tool function over one verl tool instance: create, execute, release per call (verl 0.9.1)."""
-    async def run(row: dict[str, Any], arguments: dict[str, Any]) -> str:
-        tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs") or {}
-        create_kwargs = (tools_kwargs.get(name) or {}).get("create_kwargs", {})
+    with_agent_data = _takes_agent_data(instance.execute)
+
+    async def run(agent_data: Any, arguments: dict[str, Any]) -> Any:
+        create_kwargs = (agent_data.tools_kwargs.get(name) or {}).get("create_kwargs", {})
         instance_id, _ = await instance.create(create_kwargs=create_kwargs)
         try:
-            return _response_text(await instance.execute(instance_id, arguments))
+            if with_agent_data:
+                return await instance.execute(instance_id, arguments, agent_data=agent_data)
+            return await instance.execute(instance_id, arguments)
         finally:
             await instance.release(instance_id)
 
-    def call(state: dict[str, Any], **arguments: Any) -> str:
-        return loop.run(run(state["row"], arguments))
+    def call(state: dict[str, Any], **arguments: Any) -> ToolOutput:
+        agent_data = state["agent_data"]
+        text, reward, metrics = _response(loop.run(run(agent_data, arguments)))
+        agent_data.tool_rewards.append(0.0 if reward is None else reward)
+        return ToolOutput(text, reward, metrics)
     call.__name__ = call.__qualname__ = name
     return call
 
 
 def _episode_state(row: dict[str, Any]) -> dict[str, Any]:
-    """What a verl tool call needs from its episode: the row (for `extra_info.tools_kwargs`)."""
-    return {"row": row}
+    """What a verl tool call needs from its episode: the row, and the trajectory's `agent_data` (a fresh
+    `request_id`, the row's prompt messages and `tools_kwargs`, an empty `extra_fields` store)."""
+    tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs") or {}
+    agent_data = _agent_data_class()(messages=list(row.get("prompt") or []), image_data=None, video_data=None,
+                                     audio_data=None, mm_processor_kwargs=None, metrics={},
+                                     request_id=uuid.uuid4().hex, tools_kwargs=dict(tools_kwargs))
+    return {"row": row, "agent_data": agent_data}
+
+
+def load_function_tools(path: str | Path, loop: EventLoopThread | None = None) -> list[Callable[..., Any]]:
+    """verl's function tools (`actor_rollout_ref.rollout.multi_turn.function_tool_path`): the file is executed by
+    verl's own loader, each `@function_tool` becomes a stateless tracerl tool with verl's schema, called with the
+    arguments (sync functions in a thread, as verl does); its return is normalised as verl normalises it."""
+    path = Path(path)
+    label = f"function_tool_path={str(path)!r}"
+    if not path.is_file():
+        raise ValueError(f"{label} does not exist; check the path (relative paths start at the working directory)")
+    try:
+        from verl.tools.function_tool import load_function_tools_from_path, normalize_function_tool_return
+    except ImportError as err:
+        raise ValueError(f"{label}: function tools are defined with verl's @function_tool, which needs verl: "
+                         f"pip install -e '.[verl]' ({err})") from None
+    try:
+        found = load_function_tools_from_path(str(path))
+    except Exception as err:
+        raise ValueError(f"{label}: loading it raised {type(err).__name__}: {err}") from None
+    if not found:
+        raise ValueError(f"{label} defines no function decorated with verl's @function_tool")
+    loop = loop or EventLoopThread()
+    return [tool(_function_call(entry, loop, normalize_function_tool_return),
+                 schema=_checked_schema(_schema_dict(entry.tool_schema), f"{label}, tool {entry.name!r}"))
+            for entry in found]
+
+
+def _function_call(entry: Any, loop: EventLoopThread, normalize: Callable[[Any], Any]) -> Callable[..., ToolOutput]:
+    """The tracerl tool function over one verl `FunctionTool`: `entry.call(arguments)` on the tools' loop."""
+    def call(**arguments: Any) -> ToolOutput:
+        response, reward, metrics = normalize(loop.run(entry.call(arguments)))
+        return ToolOutput(_response(response)[0], reward, dict(metrics or {}))
+    call.__name__ = call.__qualname__ = entry.name
+    return call
 
 
 def load_verl_tools(path: str | Path) -> list[Callable[..., Any]]:
@@ -195,7 +290,8 @@ def load_reward_function(path: str | Path, name: str = "compute_score",
 
 def verl_task(tool_config_path: str = "", reward_path: str = "", reward_name: str = "compute_score",
               reward_kwargs: Mapping[str, Any] | None = None, compute_score: Callable[..., Any] | None = None,
-              train_files: Sequence[str] = (), test_files: Sequence[str] = ()) -> UserTaskDomain:
+              train_files: Sequence[str] = (), test_files: Sequence[str] = (),
+              function_tool_path: str = "") -> UserTaskDomain:
     """The domain of a task given by verl's settings; `compute_score` is the reward when no `reward_path` is set
     (inside verl, verl's `default_compute_score`). Rows come from the files, or from verl's batch when none."""
     if reward_path:
@@ -203,9 +299,10 @@ def verl_task(tool_config_path: str = "", reward_path: str = "", reward_name: st
     if compute_score is None:
         raise ValueError("the task has no reward: set custom_reward_function.path (and .name) to the file of your "
                          "compute_score(data_source, solution_str, ground_truth, extra_info)")
-    tools = load_verl_tools(tool_config_path) if tool_config_path else []
+    native = load_verl_tools(tool_config_path) if tool_config_path else []
+    tools = native + (load_function_tools(function_tool_path) if function_tool_path else [])
     task = UserTask(tools=tools, compute_score=compute_score, train_files=tuple(train_files),
-                    test_files=tuple(test_files), make_state=_episode_state if tools else None,
+                    test_files=tuple(test_files), make_state=_episode_state if native else None,
                     solution="transcript", name="verl_task")
-    return UserTaskDomain(task, source=f"verl:{tool_config_path}:{reward_path}:{reward_name}",
+    return UserTaskDomain(task, source=f"verl:{tool_config_path}:{function_tool_path}:{reward_path}:{reward_name}",
                           need_rows=bool(train_files))

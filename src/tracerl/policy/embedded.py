@@ -52,6 +52,7 @@ from tracerl.engines.tiny import tiny_qwen3
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
 from tracerl.io.driver import DriverLimits
+from tracerl.io.env import EpisodeError
 from tracerl.io.tokenizer import train_tokenizer
 from tracerl.policy.evaluation import evaluate_rows
 
@@ -217,7 +218,11 @@ def expert_episode(domain: Any, row: dict[str, Any], rng: np.random.Generator, p
         else:
             source = others[int(rng.integers(len(others)))] if wrong else row
             action = domain.expert_turn(source, history, rng)
-        result = env.step(action)
+        try:
+            result = env.step(action)
+        except EpisodeError:  # a user's reward that failed: a failed demonstration, as the driver makes it a failed leaf
+            turns.append((action, None, ""))
+            return Episode(row, turns, 0.0, noisy)
         if result.done:
             turns.append((action, None, ""))
             return Episode(row, turns, float(result.reward), noisy)

@@ -26,7 +26,9 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
 
     success = mean over prompts of the prompt's mean reward; success_se = std over prompts / sqrt(num_prompts)
     (the prompts are the independent draws; 0 when there is one prompt). `eval/per_prompt` lists each prompt's
-    mean reward in row order, so two evaluations on the same rows can be compared pairwise."""
+    mean reward in row order, so two evaluations on the same rows can be compared pairwise. A reward that fails
+    scores its leaf 0 and is counted (`eval/reward_errors`, `eval/reward_timeouts`, `eval/failed_rollouts`), so a
+    success rate of 0 from a broken reward does not pass for a policy that learned nothing."""
     engine = TransformersEngine(model, max_batch_size=max_batch_size)
     driver = ReActDriver(engine, renderer, domain, limits=limits,
                          sampling=SamplingParams(temperature=temperature, seed=seed))
@@ -41,7 +43,12 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
         "eval/num_prompts": len(rows), "eval/num_rollouts": len(leaves), "eval/sampled_tokens": num_sampled,
         "eval/total_tokens": sum(len(tree.prefix_token_ids(i)) for tree in trees for i in tree.leaves()),
         "eval/answered": float(np.mean([n.finish_reason == "answer" for n in leaves])),
-        "eval/tool_errors": driver.counters["rollout/tool_errors"], "eval/seconds": time.perf_counter() - started}
+        "eval/tool_errors": driver.counters["rollout/tool_errors"],
+        # leaves failed by the environment, not the model: a user's reward that raised or timed out, among others
+        "eval/failed_rollouts": sum(n.finish_reason == "error" for n in leaves),
+        "eval/reward_calls": driver.counters["rollout/reward_calls"],
+        "eval/reward_errors": driver.counters["rollout/reward_errors"],
+        "eval/reward_timeouts": driver.counters["rollout/reward_timeouts"], "eval/seconds": time.perf_counter() - started}
     for hops in sorted({r.get("extra_info", {}).get("hops") for r in rows} - {None}):
         chosen = [p for p, r in zip(per_prompt, rows) if r["extra_info"].get("hops") == hops]
         result[f"eval/success_hops{hops}"] = float(np.mean(chosen))

@@ -166,11 +166,52 @@ def _pct(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
 
 
+FAULTS = ("reward_calls", "reward_errors", "reward_timeouts", "env_exceptions")
+
+
+def fault_counts(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Rollouts, reward calls and the failures counted in them, summed over training steps (`rollout/*`) and over
+    evaluations (`eval/*`): a reward that raised or returned a non-number, one that timed out, any environment
+    failure (rewards included)."""
+    def total(kind: str, key: str) -> int:
+        return int(sum(r.get(key) or 0 for r in rows if r.get("kind") == kind))
+    return {"train": {"rollouts": total("train", "rollout/num_rollouts"),
+                      **{k: total("train", f"rollout/{k}") for k in FAULTS}},
+            "eval": {"rollouts": total("eval", "eval/num_rollouts"),
+                     "env_exceptions": total("eval", "eval/failed_rollouts"),
+                     **{k: total("eval", f"eval/{k}") for k in FAULTS[:3]}}}
+
+
+def fault_lines(counts: dict[str, dict[str, int]]) -> list[str]:
+    """One line per phase whose reward calls failed, and a warning when they are most of them."""
+    lines = []
+    for phase, label in (("train", "training"), ("eval", "held-out evaluation")):
+        c = counts[phase]
+        failed = c["reward_errors"] + c["reward_timeouts"]
+        if failed:
+            lines.append(f"reward failures in {label}: {failed} of {c['reward_calls']} reward calls "
+                         f"({c['reward_errors']} raised or returned a non-number, {c['reward_timeouts']} timed out; "
+                         f"{c['rollouts']} rollouts); each is a failed leaf with reward 0 (the trees show the error)")
+            if failed * 2 > c["reward_calls"]:
+                lines.append(f"WARNING: most {label} reward calls failed, so the success rate says nothing about the "
+                             "policy: fix the reward function")
+    return lines
+
+
 def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict[str, dict[str, float]]) -> str:
     train, evals = run["train"], run["eval"]
     lines = [f"# Run report: {run['dir'].resolve().name}", "",
              f"Method `{run['method']}`, domain `{run['domain']}`, {len(train)} training steps, {len(evals)} "
              f"evaluations, trees saved for {len(run['tree_steps'])} steps.", ""]
+    counts = fault_counts([*train, *evals])
+    faults = fault_lines(counts)
+    lines += ["## Failures", ""] + ([f"- {line}" for line in faults] or [
+        f"No reward failures ({counts['train']['reward_calls']} training and {counts['eval']['reward_calls']} "
+        "held-out reward calls)."])
+    if counts["train"]["env_exceptions"]:
+        lines.append(f"- environment failures in training (`rollout/env_exceptions`, rewards included): "
+                     f"{counts['train']['env_exceptions']}")
+    lines.append("")
     lines += ["## Success", ""]
     if evals:
         first, last = evals[0], evals[-1]

@@ -29,6 +29,7 @@ from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 from tracerl.io.domains import DOMAINS
+from tracerl.io.task import resolve_task_paths
 
 DATA_DOMAINS = (*DOMAINS, "task")  # the built-in domains, and a task of your own (docs/tasks.md)
 # the attention and MLP projections of Qwen3, LLaMA, Mistral and their kin: LoRA's usual targets
@@ -313,7 +314,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Preset file (or `base`, or the defaults), then `key=value` overrides, checked (ValueError names the fix);
     with `machine`, also that this machine can run it (`TrainConfig.check_machine`)."""
     data = load_file(path) if path else dict(base or {})
+    if path and isinstance(data.get("data"), dict):  # the file's paths start at its folder
+        data["data"] = resolve_task_paths(data["data"], Path(path).resolve().parent)
     data = apply_overrides(data, list(overrides or []))
+    if isinstance(data.get("data"), dict):  # the command line's at the working directory
+        data["data"] = resolve_task_paths(data["data"], Path.cwd())
     config = from_dict(TrainConfig, data, where="")
     if machine:
         config.check_machine()

@@ -47,8 +47,10 @@ def _user_task(config: TrainConfig) -> Any:
     """The user's own task (data.task / data.train_files, docs/tasks.md), or None for a built-in domain."""
     if config.data.domain != "task":
         return None
+    from tracerl.core.methods import METHODS
     from tracerl.io.task import load_task
-    return load_task(config.data.task, config.data.train_files, config.data.test_files)
+    return load_task(config.data.task, config.data.train_files, config.data.test_files,
+                     branching=METHODS[config.method].prefix_policy is not None)
 
 
 def _limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:

@@ -80,9 +80,7 @@ class TraceCoordinator:
         the domain (and its state features) is built here, in the actor's own process."""
         self.config = config
         domain = task_domain(task, config.domain)
-        # a task of the user's own has no state hook: its predictor reads the text only
-        state_features = getattr(domain, "state_features", None)
-        self.predictor = make_predictor(config.predictor.name, seed=config.seed, state_features=state_features,
+        self.predictor = make_predictor(config.predictor.name, seed=config.seed, state_features=domain.state_features,
                                         **config.predictor.options)
         self.pending: dict[str, dict[str, Any]] = {}  # uid -> tree dict, since the last flush
         self.flushed: dict[str, dict[str, Any]] = {}  # the last flush's trees
