@@ -27,7 +27,8 @@ synchronous sampler raises when every prompt of a batch is empty, so the prompt 
 rollouts (`force_plan`, counted in `alloc/forced_prompts`).
 
 `task_domain` picks the environments: a verl user's own task when verl's config names a tool config file
-(`actor_rollout_ref.rollout.multi_turn.tool_config_path`) or a custom reward function
+(`actor_rollout_ref.rollout.multi_turn.tool_config_path`), a file of function tools (`...multi_turn.
+function_tool_path`) or a custom reward function
 (`reward.custom_reward_function.path`/`.name`, or the legacy top-level `custom_reward_function`), loaded by
 `tracerl.io.verl_task` (without a custom reward, verl's `default_compute_score` scores by `data_source`, as in verl);
 otherwise the built-in `tracerl.domain`.
@@ -193,7 +194,7 @@ def plan_batch(p: np.ndarray, prompt_ids: Sequence[str], config: TraceVerlConfig
 
 
 def task_settings(config: Any) -> dict[str, Any]:
-    """A verl config's tool config path and custom reward settings ("" / {} where unset)."""
+    """A verl config's tool config path, function tool path and custom reward settings ("" / {} where unset)."""
     from omegaconf import OmegaConf
 
     def select(key: str, default: Any = None) -> Any:
@@ -204,6 +205,7 @@ def task_settings(config: Any) -> dict[str, Any]:
     if not reward.get("path"):  # verl's legacy top-level section
         reward = select("custom_reward_function") or {}
     return {"tool_config_path": select("actor_rollout_ref.rollout.multi_turn.tool_config_path") or "",
+            "function_tool_path": select("actor_rollout_ref.rollout.multi_turn.function_tool_path") or "",
             "reward_path": reward.get("path") or "", "reward_name": reward.get("name") or "compute_score",
             "reward_kwargs": dict(reward.get("reward_kwargs") or {})}
 
@@ -211,7 +213,7 @@ def task_settings(config: Any) -> dict[str, Any]:
 def task_domain(settings: dict[str, Any], domain: str) -> Any:
     """The environments of a verl run: the user's task when verl's settings (`task_settings`) name one, else the
     built-in `domain`. Takes plain data, so a Ray actor (the coordinator) builds the same domain as the workers."""
-    if not settings["tool_config_path"] and not settings["reward_path"]:
+    if not (settings["tool_config_path"] or settings.get("function_tool_path") or settings["reward_path"]):
         return make_domain(domain)
     from tracerl.io.verl_task import verl_task
 
