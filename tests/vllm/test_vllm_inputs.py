@@ -95,7 +95,7 @@ def test_bad_state_dict_is_refused_and_the_previous_weights_keep_serving(engine,
     assert_serves(engine, greedy_a)
 
 
-def test_non_contiguous_and_half_precision_tensors_load(engine, model_a, greedy_a):
+def test_non_contiguous_tensors_load(engine, model_a, greedy_a):
     state = {k: v.t().contiguous().t() if v.dim() == 2 else v for k, v in model_a.state_dict().items()}
     assert not all(v.is_contiguous() for v in state.values())
     engine.load_weights(state)
@@ -117,3 +117,35 @@ def test_unsupported_shapes_are_refused_at_construction():
     with pytest.raises(ValueError, match="block_size=48"):
         VLLMEngine.from_model(tiny_qwen3(VOCAB, hidden_size=128, num_layers=1), max_model_len=128, block_size=48,
                               kv_cache_gib=0.05)
+
+
+def test_a_load_that_fails_inside_vllm_loads_the_previous_weights_back(engine, model_b, greedy_a, monkeypatch):
+    from tracerl.engines.errors import EngineError
+
+    reload = engine._reload
+
+    def fail_halfway(state):  # checks passed, then the stream of tensors breaks inside vLLM's layerwise reload
+        if state is engine._last_weights:
+            return reload(state)
+        items = list(state.items())
+
+        def broken():
+            yield from items[: len(items) // 2]
+            raise RuntimeError("the weight stream broke (on purpose)")
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": broken(),
+                                                            "is_checkpoint_format": True})
+    monkeypatch.setattr(engine, "_reload", fail_halfway)
+    with pytest.raises(EngineError, match="previous weights were loaded back"):
+        engine.load_weights(model_b.state_dict())
+    monkeypatch.undo()
+    assert_serves(engine, greedy_a)
+
+
+def test_a_weights_path_that_is_not_a_file_is_refused(engine, greedy_a, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.pt")
+    for path in [tmp_path / "fifo.pt", tmp_path, tmp_path / "missing.pt"]:
+        with pytest.raises(ValueError, match="no weights file"):
+            engine.load_weights(path)
+    assert_serves(engine, greedy_a)
