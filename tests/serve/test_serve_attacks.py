@@ -242,3 +242,37 @@ def test_ids_at_the_vocabulary_edge(served):
     url, _ = served
     ok = post_raw(url, json.dumps({"prompt": [0, VOCAB - 1], "max_tokens": 1}).encode())
     assert ok.status_code == 200, ok.text[:200]
+
+
+def test_load_weights_with_a_costly_body_gets_a_quick_400(served):
+    url, _ = served
+    body = b'{"path": [' + b"{}," * 300_000 + b'{}]}'
+    started = time.monotonic()
+    response, worst = health_latency_during(url, lambda: httpx.post(
+        f"{url}/v1/load_weights", content=body, headers={"Content-Type": "application/json"}, timeout=30))
+    assert response.status_code == 400 and time.monotonic() - started < 2.0, response.text[:200]
+    assert worst < 0.5, f"/health waited {worst:.2f} s while a load_weights body was parsed"
+
+
+def test_bodies_held_at_once_are_bounded(model_dir):
+    from tracerl.serve import ServeLimits, create_app, load_model
+
+    engine, tokenizer, name = load_model(str(model_dir))
+    limits = ServeLimits(max_body_bytes=4096, body_timeout_s=3.0)  # at most 4 x 4096 bytes of bodies held at once
+    with guarded_server(create_app(engine, name, tokenizer, limits), limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        held = []
+        for _ in range(5):  # each sends all of a 4000-byte body but its last byte
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 4000\r\n\r\n" + b" " * 3999)
+            held.append(sock)
+        try:
+            time.sleep(0.3)
+            response = post_raw(url, b" " * 3990 + b'{"prompt": [1], "max_tokens": 1}'[:10])
+            assert response.status_code == 503, (response.status_code, response.text[:200])
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.3)
+        assert post_raw(url, json.dumps({"prompt": [1], "max_tokens": 1}).encode()).status_code == 200

@@ -57,3 +57,5 @@ def test_small_request_is_not_starved_and_a_gone_client_frees_the_engine(process
     while in_progress(process_url) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert in_progress(process_url) == 0, "the server kept generating for a client that had gone"
+    after = httpx.post(f"{process_url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1}, timeout=10)
+    assert after.status_code == 200, "the server stopped answering after a client went away"

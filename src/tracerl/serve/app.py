@@ -25,6 +25,7 @@ as if `ignore_eos` were set), authentication (it binds to 127.0.0.1 unless told 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -61,7 +62,8 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
             await run_in_threadpool(scheduler.stop)
 
     app = FastAPI(title="tracerl serve", description=__doc__, lifespan=lifespan)
-    app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s,
+                       max_buffered=4 * limits.max_body_bytes)
     vocab_size, max_positions = getattr(engine, "vocab_size", None), getattr(engine, "max_positions", None)
 
     @app.exception_handler(ValueError)
@@ -82,20 +84,24 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
                                             "owned_by": "tracerl", "max_model_len": max_positions}]}
 
     @app.post("/v1/load_weights")
-    def load_weights(body: dict) -> JSONResponse:  # sync: FastAPI runs it in a worker thread
+    async def load_weights(request: Request) -> JSONResponse:
         """Replace the served weights with a state dict saved by the trainer (`torch.save`) at `path` on this
         machine: how a training run keeps its server generating with the latest policy. Checked whole, then
         swapped in between two slices of generation (`tracerl.serve.weights`)."""
-        if set(body) != {"path"} or not isinstance(body["path"], str):
+        raw = await request.body()
+        body = _json_object(raw) if len(raw) <= 65536 else None  # a path needs no more; nothing costly is parsed
+        if body is None or set(body) != {"path"} or not isinstance(body["path"], str):
             return _error(400, 'send {"path": "<a torch.save file the server can read>"} and nothing else')
-        expected = engine.model.state_dict()
         try:
-            state = read_checked(Path(body["path"]), expected)
+            return JSONResponse({"status": "ok", "num_tensors": await run_in_threadpool(swap, Path(body["path"]))})
         except WeightsError as err:
             return _error(400, str(err))
+
+    def swap(path: Path) -> int:
+        state = read_checked(path, engine.model.state_dict())
         with scheduler.engine_lock:
             engine.model.load_state_dict(state, strict=True)
-        return JSONResponse({"status": "ok", "num_tensors": len(state)})
+        return len(state)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> JSONResponse:
@@ -147,10 +153,13 @@ def _answer(body: CompletionRequest, results: list, model_name: str, tokenizer: 
 
 class _BodyLimit:
     """ASGI middleware: the body must arrive whole within `timeout_s` (else HTTP 408) and under `max_bytes` (by
-    Content-Length or as it streams in; else HTTP 400); it is then replayed to the app."""
+    Content-Length or as it streams in; else HTTP 400); it is then replayed to the app. The bodies of all requests
+    being read or handled hold at most `max_buffered` bytes together (else HTTP 503, which clients retry), so
+    `max_connections` clients cannot make the server hold `max_connections` x `max_bytes`."""
 
-    def __init__(self, app: Any, max_bytes: int, timeout_s: float) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(self, app: Any, max_bytes: int, timeout_s: float, max_buffered: int) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.max_buffered = app, max_bytes, timeout_s, max_buffered
+        self.buffered = 0  # bytes of bodies held now; only the event loop's thread touches it
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -160,31 +169,49 @@ class _BodyLimit:
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await _error(400, message)(scope, receive, send)
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
         chunks, size, more = [], 0, True
-        while more:  # read the whole body under the caps, then replay it to the app
-            try:
-                event = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
-            except asyncio.TimeoutError:
-                return await _error(408, f"the request body did not arrive within {self.timeout_s} s "
-                                         "(body_timeout_s)")(scope, receive, send)
-            if event["type"] != "http.request":
-                return
-            chunks.append(event.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await _error(400, message)(scope, receive, send)
-            more = event.get("more_body", False)
-        replayed = False
+        try:
+            while more:  # read the whole body under the caps, then replay it to the app
+                try:
+                    event = await asyncio.wait_for(receive(), deadline - loop.time())
+                except asyncio.TimeoutError:
+                    return await _error(408, f"the request body did not arrive within {self.timeout_s} s "
+                                             "(body_timeout_s)")(scope, receive, send)
+                if event["type"] != "http.request":
+                    return
+                chunk = event.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                self.buffered += len(chunk)
+                if size > self.max_bytes:
+                    return await _error(400, message)(scope, receive, send)
+                if self.buffered > self.max_buffered:
+                    return await _error(503, "the server holds too many request bodies at once; retry "
+                                             "shortly")(scope, receive, send)
+                more = event.get("more_body", False)
+            replayed = False
 
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            async def replay() -> dict:
+                nonlocal replayed
+                if replayed:
+                    return await receive()
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            self.buffered -= size
+
+
+def _json_object(raw: bytes) -> dict | None:
+    """The JSON object in `raw`, or None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> dict:

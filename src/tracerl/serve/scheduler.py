@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -119,14 +119,16 @@ class Scheduler:
             try:
                 with self.engine_lock:
                     self._run_slice(job)
-            except BaseException as err:  # noqa: BLE001 (handed to the request, which answers 400 or 500)
-                job.future.set_exception(err)
-                continue
-            if all(row.finish_reason for row in job.rows):
+                if not all(row.finish_reason for row in job.rows):
+                    with self._wake:
+                        self._jobs.append(job)
+                    continue
                 job.future.set_result(self._results(job))
-                continue
-            with self._wake:
-                self._jobs.append(job)
+            except InvalidStateError:  # the request gave up (its client went) while its last slice ran
+                pass
+            except BaseException as err:  # noqa: BLE001 (handed to the request, which answers 400 or 500)
+                if not job.future.done():
+                    job.future.set_exception(err)
 
     def _run_slice(self, job: Job) -> None:
         """Generate the next slice of `job`: the unfinished rows with the fewest tokens, each up to slice_steps more."""
