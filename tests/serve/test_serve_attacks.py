@@ -50,7 +50,8 @@ COSTLY_BODIES = [
     ("empty objects", b'{"prompt": [' + b"{}," * 300_000 + b'{}]}'),
     ("strings", b'{"prompt": [' + b'"a",' * 200_000 + b'"a"]}'),
     ("nested lists", b'{"prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
-    ("nested objects in an ignored field", b'{"prompt": [1], "x": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}"),
+    ("nested objects in an ignored field",
+     b'{"prompt": [1], "x": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}"),
     ("a 100,000-digit id", b'{"prompt": [1, ' + b"9" * 100_000 + b"]}"),
     ("too many ids", b'{"prompt": [' + b"1," * 200_000 + b"1]}"),
 ]

@@ -90,8 +90,9 @@ class VLLMEngine:
     - `options`: any other `vllm.LLM` keyword arguments, passed as given.
     - `keep_last_weights`: keep a host copy of the last loaded weights, to load back if a load fails inside vLLM;
       False saves that memory (a model's size) at the price of an engine without usable weights after such a failure.
-    - `expected_weights`: the Hugging Face state dict the model takes (its tensors give names and shapes); None =
-      built from the config on the meta device. `from_model` passes its model's.
+    - `expected_weights`: the Hugging Face state dict the model takes (its tensors give names and shapes), used when
+      transformers cannot build the model from its config on the meta device (a custom architecture); `from_model`
+      passes the state dict it loads.
 
     `stats`: `num_calls`, `num_requests`, `generated_tokens`, `weight_loads`, and vLLM's cumulative
     `prefix_cache_queries` and `prefix_cache_hits` (tokens), read after every call.
@@ -109,7 +110,8 @@ class VLLMEngine:
             raise ValueError(f"need max_model_len >= 2 (got {max_model_len}), kv_cache_gib > 0 ({kv_cache_gib}), "
                              f"0 < gpu_memory_utilization <= 1 ({gpu_memory_utilization}), max_num_seqs >= 1 "
                              f"({max_num_seqs})")
-        config = json.loads((Path(model) / "config.json").read_text()) if (Path(model) / "config.json").is_file() else {}
+        config_file = Path(model) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         if device == "cpu":
             _check_cpu_shapes(config, block_size or 32)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
@@ -169,7 +171,7 @@ class VLLMEngine:
         positions = getattr(config, "max_position_embeddings", None)
         if positions:  # vLLM refuses a max_model_len beyond the model's positions
             kwargs["max_model_len"] = min(kwargs.get("max_model_len", 4096), positions)
-        kwargs.setdefault("expected_weights", model.state_dict(keep_vars=True))
+        kwargs.setdefault("expected_weights", model.state_dict(keep_vars=True) if state_dict is None else state_dict)
         try:
             engine = cls(workdir, load_format="dummy", **kwargs)
         except BaseException:
@@ -287,7 +289,8 @@ class VLLMEngine:
     def _checked(self, state: Any) -> dict[str, torch.Tensor]:
         """`state` with every tensor checked and converted to this engine's dtype and contiguous, or ValueError."""
         if not isinstance(state, Mapping):
-            raise ValueError(f"weights must be a state dict (a mapping of names to tensors), not {type(state).__name__}")
+            raise ValueError(f"weights must be a state dict (a mapping of names to tensors), not "
+                             f"{type(state).__name__}")
         problems = [f"{k}: {p}" for k, v in state.items() if (p := _tensor_problem(v, self._expected.get(k)))]
         if self._expected:
             missing = sorted(set(self._expected) - set(state) - self._optional)
@@ -367,20 +370,20 @@ def _check_cpu_shapes(config: dict, block_size: int) -> None:
                          "hidden_size / num_attention_heads among them")
 
 
-def _expected_weights(model: str | Path, given: Mapping[str, torch.Tensor] | None
+def _expected_weights(model: str | Path, fallback: Mapping[str, torch.Tensor] | None
                       ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The Hugging Face state dict the model takes, as meta tensors, and the names that may be left out (tied
-    copies of another tensor). From `given` (a model's `state_dict(keep_vars=True)`), else from the config built on
-    the meta device; ({}, set()) when transformers cannot build it (then only each tensor is checked)."""
-    if given is None:
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM
+    copies of another tensor): from the model's config built on the meta device, else from `fallback`, else
+    ({}, set()) (then only each tensor is checked)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-            with torch.device("meta"):
-                given = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model))).state_dict(
-                    keep_vars=True)
-        except Exception:  # noqa: BLE001 (a custom architecture: the per-tensor checks still apply)
-            return {}, set()
+        with torch.device("meta"):
+            given = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model))).state_dict(keep_vars=True)
+    except Exception:  # noqa: BLE001 (a custom architecture: use what the caller gave)
+        given = fallback
+    if given is None:
+        return {}, set()
     seen: set[int] = set()
     optional = set()
     for name, tensor in given.items():  # a tied tensor appears under two names; the second may be left out
