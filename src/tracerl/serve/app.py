@@ -116,7 +116,8 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
         results = await _unless_gone(request, job, scheduler)
         if results is None:  # the client went away: nobody reads an answer
             return JSONResponse({}, status_code=499)
-        return JSONResponse(await run_in_threadpool(_answer, body, results, model_name, tokenizer))
+        # built and serialised off the event loop: a request's answer may hold max_request_tokens tokens
+        return await run_in_threadpool(lambda: JSONResponse(_answer(body, results, model_name, tokenizer)))
 
     return app
 
