@@ -13,8 +13,8 @@ What it does:
 - up to `max_concurrency` requests in flight (a thread pool); each request is retried on its own, so the
   completions already received in a call are kept and only failed requests are sent again. Retried: connection
   refused or dropped, timeouts, HTTP 5xx and 429, and a body that is not JSON (e.g. truncated). Not retried:
-  other HTTP 4xx (a bad request stays bad) and JSON of the wrong shape (a server that does not speak this
-  dialect). After the last retry the call raises one `EngineError` naming the URL and the last failure.
+  other HTTP 4xx (a bad request stays bad), JSON of the wrong shape (a server that does not speak this
+  dialect) and an answer over its size bound or compressed. After the last retry the call raises one `EngineError` naming the URL and the last failure.
 - deadlines enforced by closing the connection: each attempt must finish (connect, send, the answer's headers and
   body, any number of `100 Continue` before them) within `timeout_s`, and the whole call, retries and backoff
   included, within `call_timeout_s`. A watchdog shuts the socket down at the deadline, so a server dripping its
@@ -25,8 +25,8 @@ What it does:
   as it arrives) fails at once, having read at most the bound. Compressed answers are refused, never inflated
   (`Accept-Encoding: identity` is asked for). `/v1/models` and the weight-load answers are bounded to 1 MiB.
 - every answer is checked before it is used: choices are objects with distinct in-range indexes, ids are integers in
-  [0, vocab_size) (non-negative and below 2^31 when vocab_size is not given), one finite logprob <= 0 per id, a
-  known finish reason. A malformed answer raises `EngineError` naming the server, the choice and the field, never
+  [0, vocab_size) (non-negative and below 2^31 when vocab_size is not given), one finite logprob <= 0 per id, no
+  stop token before the last id, at most max_tokens ids, a known finish reason. A malformed answer raises `EngineError` naming the server, the choice and the field, never
   a bare AttributeError or TypeError.
 
 Logprobs. tracerl's trainer compares against `log_softmax(logits / T)` of the sampled token (see
