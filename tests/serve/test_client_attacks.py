@@ -244,3 +244,28 @@ def test_engine_error_has_one_home_below_both_engines():
             "from tracerl.engines.openai_engine import EngineError; assert w.EngineError is EngineError")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-500:]
+
+
+def test_tls_handshake_dripped_ends_by_the_deadline():
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip():  # a TLS record header announcing 16 KiB, then its bytes one at a time
+        conn, _ = server.accept()
+        with conn:
+            try:
+                conn.sendall(b"\x16\x03\x03\x40\x00")
+                while not stop.is_set():
+                    conn.sendall(b"\x00")
+                    time.sleep(0.1)
+            except OSError:
+                pass
+    threading.Thread(target=drip, daemon=True).start()
+    url = f"https://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        engine = OpenAIEngine(url, model="m", timeout_s=1.0, max_retries=0)
+        err = finishes_within(2.5, lambda: engine.generate([[1, 2]], PARAMS))
+    finally:
+        stop.set()
+        server.close()
+    assert isinstance(err, EngineError) and url in str(err), repr(err)

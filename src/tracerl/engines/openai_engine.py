@@ -376,24 +376,28 @@ def exchange(method: str, url: str, body: dict | None, *, max_bytes: int, deadli
         raise _Retryable("no time left before sending")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=remaining)  # connecting is bounded by the socket timeout
+    conn = kind(parts.hostname, parts.port, timeout=remaining)  # a connect that hangs is bounded by the timeout
     fired = threading.Event()
-    watchdog: threading.Timer | None = None
-    payload = json.dumps(body).encode() if body is not None else None
-    try:
-        conn.connect()
-        sock = conn.sock  # held here: the response takes the socket over from `conn` once the head is read
+    held: list[socket.socket] = []  # the response takes the socket over from `conn` once the head is read
 
-        def abort() -> None:
-            fired.set()
+    def abort() -> None:
+        fired.set()
+        for sock in (conn.sock, *held):  # conn.sock: the plain socket while a TLS handshake runs
             try:
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                if sock is not None:
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:  # already closed
                 pass
 
-        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), abort)
-        watchdog.daemon = True
-        watchdog.start()
+    watchdog = threading.Timer(remaining, abort)
+    watchdog.daemon = True
+    watchdog.start()
+    payload = json.dumps(body).encode() if body is not None else None
+    try:
+        conn.connect()
+        held.append(conn.sock)
+        if fired.is_set():  # the deadline passed while connecting
+            raise OSError("closed at the deadline")
         conn.request(method, target, body=payload, headers={
             **(headers or {}), "Accept-Encoding": "identity", "Connection": "close",
             **({"Content-Type": "application/json"} if payload is not None else {})})
@@ -424,8 +428,7 @@ def exchange(method: str, url: str, body: dict | None, *, max_bytes: int, deadli
                              f"the connection was closed ({type(err).__name__})") from None
         raise _Retryable(f"{type(err).__name__}: {str(err)[:200]}") from None
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
+        watchdog.cancel()
         conn.close()
 
 
