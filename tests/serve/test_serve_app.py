@@ -27,7 +27,7 @@ def test_response_has_vllm_token_id_shape_and_batches_prompts(server, model_dir)
 
 
 def test_models_and_health(server, model_dir):
-    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server}/health").json() == {"status": "ok", "requests_in_progress": 0}
     [listed] = httpx.get(f"{server}/v1/models").json()["data"]
     assert listed["id"] == str(model_dir) and listed["max_model_len"] == 4096
 

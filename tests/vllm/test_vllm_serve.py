@@ -80,7 +80,8 @@ def test_load_weights_syncs_the_served_model(server, model_a, model_b, tree_pref
 
 
 def test_a_failed_sync_raises_with_the_servers_reason(server, tmp_path):
-    with httpx.Client(timeout=60) as client, pytest.raises(EngineError, match="HTTP 500.*worker-extension-cls"):
-        load_served_weights(client, server, str(tmp_path / "missing.pt"))
+    with OpenAIEngine(server, timeout_s=60) as engine, \
+            pytest.raises(EngineError, match="HTTP 500.*worker-extension-cls"):
+        load_served_weights(engine.post_small, server, str(tmp_path / "missing.pt"))
     with OpenAIEngine(server) as engine:  # the server survives a failed call
         assert len(engine.generate([[1, 2, 3]], GREEDY)[0]) == 1

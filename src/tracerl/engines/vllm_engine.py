@@ -33,14 +33,29 @@ GPU (untested: this code has only run on CPU): `gpu_memory_utilization` is the s
 vLLM's KV cache and moves its weights to host memory (vLLM's sleep level 1) while the trainer updates the policy;
 `load_weights` and `generate` wake it first. On CPU vLLM has no sleep mode and `sleep()` does nothing.
 
+Inputs are checked before vLLM sees them, since an input vLLM rejects from inside its engine core can leave the
+engine stuck (the next `generate` hangs) and a weight load it rejects halfway leaves meta tensors behind:
+- at construction, on CPU: head_dim among the sizes vLLM's CPU attention supports and block_size a multiple of 32
+  (ValueError naming the value);
+- in `generate`: token ids of every prefix and `stop_token_ids` in [0, vocab_size), a finite temperature that is 0
+  or at least MIN_TEMPERATURE (vLLM would serve a smaller one as greedy, with logprobs the trainer cannot
+  recompute), each prefix shorter than max_model_len (ValueError);
+- in `load_weights`: the state dict has exactly the model's Hugging Face keys (a tied lm_head may be left out; keys
+  of an unmerged adapter are named as such), and each value is a dense, finite, real floating tensor of the right
+  shape, not on the meta device (ValueError; nothing is loaded). Non-contiguous or other-precision tensors are
+  converted. The keys and shapes come from the model given to `from_model`, or from its config built on the meta
+  device. If a checked load still fails inside vLLM, the last loaded weights (a host copy, `keep_last_weights`) are
+  loaded back and EngineError says so.
+
 What it does not do: text, chat templates, tokenization; tensor or pipeline parallelism; LoRA adapters inside vLLM
-(it loads merged weights); models vLLM's CPU backend cannot run (its attention needs head_dim in {32, 64, 80, 96,
-112, 128, ...} and block sizes that are multiples of 32).
+(it loads merged weights); models vLLM's CPU backend cannot run (see the construction checks above).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -49,8 +64,12 @@ from typing import Any
 
 import torch
 
-from tracerl.engines.openai_engine import EngineError, request_seed
+from tracerl.engines.errors import EngineError
+from tracerl.engines.openai_engine import request_seed
 from tracerl.io.engine import Completion, SamplingParams, check_request
+
+MIN_TEMPERATURE = 1e-4  # the floor `tracerl serve` applies too; 0 is greedy
+_ADAPTER_MARKS = ("lora_", "base_model.model.", ".base_layer.", "modules_to_save")  # keys of an unmerged adapter
 
 
 class VLLMEngine:
@@ -69,6 +88,11 @@ class VLLMEngine:
     - `enforce_eager`: no CUDA graphs / torch.compile; None = True on CPU (compiling costs more than it saves on
       small models), vLLM's default on GPU.
     - `options`: any other `vllm.LLM` keyword arguments, passed as given.
+    - `keep_last_weights`: keep a host copy of the last loaded weights, to load back if a load fails inside vLLM;
+      False saves that memory (a model's size) at the price of an engine without usable weights after such a failure.
+    - `expected_weights`: the Hugging Face state dict the model takes (its tensors give names and shapes), used when
+      transformers cannot build the model from its config on the meta device (a custom architecture); `from_model`
+      passes the state dict it loads.
 
     `stats`: `num_calls`, `num_requests`, `generated_tokens`, `weight_loads`, and vLLM's cumulative
     `prefix_cache_queries` and `prefix_cache_hits` (tokens), read after every call.
@@ -77,7 +101,8 @@ class VLLMEngine:
     def __init__(self, model: str | Path, *, device: str = "cpu", dtype: str = "float32", max_model_len: int = 4096,
                  block_size: int | None = None, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.3,
                  enable_sleep_mode: bool = False, max_num_seqs: int = 256, seed: int = 0,
-                 enforce_eager: bool | None = None, load_format: str = "auto", options: dict[str, Any] | None = None):
+                 enforce_eager: bool | None = None, load_format: str = "auto", options: dict[str, Any] | None = None,
+                 keep_last_weights: bool = True, expected_weights: Mapping[str, torch.Tensor] | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device={device!r}; VLLMEngine runs on 'cpu' or 'cuda' (choose the GPU with "
                              "CUDA_VISIBLE_DEVICES)")
@@ -85,6 +110,10 @@ class VLLMEngine:
             raise ValueError(f"need max_model_len >= 2 (got {max_model_len}), kv_cache_gib > 0 ({kv_cache_gib}), "
                              f"0 < gpu_memory_utilization <= 1 ({gpu_memory_utilization}), max_num_seqs >= 1 "
                              f"({max_num_seqs})")
+        config_file = Path(model) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        if device == "cpu":
+            _check_cpu_shapes(config, block_size or 32)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
         # vLLM logs to stdout (which `--json` output owns) and warns about what this engine chose on purpose
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -111,6 +140,12 @@ class VLLMEngine:
         finally:
             torch.set_num_threads = set_num_threads  # vLLM's CPU worker replaced it (module docstring)
         self.device, self.max_model_len = device, max_model_len
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.dtype = self.llm.llm_engine.model_config.dtype
+        # name -> a meta tensor of the expected shape; names of tied copies (e.g. lm_head) may be left out of a load
+        self._expected, self._optional = _expected_weights(model, expected_weights)
+        self.keep_last_weights = keep_last_weights
+        self._last_weights: dict[str, torch.Tensor] | None = None
         self.sleep_mode = enable_sleep_mode and not cpu
         self.sleeping = False
         self._workdir: tempfile.TemporaryDirectory | None = None
@@ -136,6 +171,7 @@ class VLLMEngine:
         positions = getattr(config, "max_position_embeddings", None)
         if positions:  # vLLM refuses a max_model_len beyond the model's positions
             kwargs["max_model_len"] = min(kwargs.get("max_model_len", 4096), positions)
+        kwargs.setdefault("expected_weights", model.state_dict(keep_vars=True) if state_dict is None else state_dict)
         try:
             engine = cls(workdir, load_format="dummy", **kwargs)
         except BaseException:
@@ -159,10 +195,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         prompts, counts = check_request(prefixes, n)
-        for i, p in enumerate(prompts):
-            if len(p) >= self.max_model_len:
-                raise ValueError(f"prefix {i} has {len(p)} tokens; vLLM was started with max_model_len="
-                                 f"{self.max_model_len}: raise it (policy.vllm_max_model_len)")
+        self._check_inputs(prompts, params)
         self._wake()
         self.stats["num_calls"] += 1
         asked = [i for i, c in enumerate(counts) if c]
@@ -186,6 +219,23 @@ class VLLMEngine:
         self._read_counters()
         return results
 
+    def _check_inputs(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        """ValueError naming what vLLM cannot take (module docstring), before vLLM sees it."""
+        for i, p in enumerate(prompts):
+            if len(p) >= self.max_model_len:
+                raise ValueError(f"prefix {i} has {len(p)} tokens; vLLM was started with max_model_len="
+                                 f"{self.max_model_len}: raise it (policy.vllm_max_model_len)")
+        for name, ids in [(f"prefix {i}", p) for i, p in enumerate(prompts)] + [("stop_token_ids",
+                                                                                 params.stop_token_ids)]:
+            if ids and not (0 <= min(ids) and max(ids) < self.vocab_size):
+                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {self.vocab_size}); encode "
+                                 "with the tokenizer that matches this model")
+        temperature = params.temperature
+        if not math.isfinite(temperature) or 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={temperature}: need 0 (greedy) or a finite value >= {MIN_TEMPERATURE} "
+                             "(vLLM serves smaller ones as greedy, with logprobs the trainer cannot recompute)")
+
     @staticmethod
     def _completion(choice: Any, stops: set[int], i: int) -> Completion:
         ids = [int(t) for t in choice.token_ids]
@@ -204,17 +254,57 @@ class VLLMEngine:
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
         """Load new weights (a state dict with the Hugging Face names, or the path of one saved with `torch.save`)
-        in place, then reset the prefix cache. Raises EngineError if vLLM cannot reset it (requests still hold
-        blocks), since a cached key/value of the old weights must never be reused."""
+        in place, then reset the prefix cache. Checked whole first (module docstring): ValueError and nothing
+        loaded if it does not fit. Raises EngineError if vLLM fails anyway (the last weights are loaded back) or
+        cannot reset its cache (requests still hold blocks), since a cached key/value of the old weights must never
+        be reused."""
         if isinstance(weights, (str, Path)):
-            weights = torch.load(weights, map_location="cpu", weights_only=True)
+            if not Path(weights).is_file():
+                raise ValueError(f"no weights file at {weights}; save the state dict with torch.save")
+            weights = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+        state = self._checked(weights)
         if self.sleeping:  # weights first: the KV cache is allocated again after the new weights are in place
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
-                                                          "is_checkpoint_format": True})
+        try:
+            self._reload(state)
+        except Exception as err:
+            if self._last_weights is None:
+                raise EngineError(f"vLLM failed to load the weights ({type(err).__name__}: {str(err)[:300]}) and no "
+                                  "earlier weights are kept (keep_last_weights=False): load a full state dict "
+                                  "before generating") from err
+            self._reload(self._last_weights)
+            self.clear_cache()
+            raise EngineError(f"vLLM failed to load the weights ({type(err).__name__}: {str(err)[:300]}); the "
+                              "previous weights were loaded back") from err
+        if self.keep_last_weights:
+            self._last_weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         self._wake()
         self.clear_cache()
         self.stats["weight_loads"] += 1
+
+    def _reload(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()),
+                                                          "is_checkpoint_format": True})
+
+    def _checked(self, state: Any) -> dict[str, torch.Tensor]:
+        """`state` with every tensor checked and converted to this engine's dtype and contiguous, or ValueError."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"weights must be a state dict (a mapping of names to tensors), not "
+                             f"{type(state).__name__}")
+        problems = [f"{k}: {p}" for k, v in state.items() if (p := _tensor_problem(v, self._expected.get(k)))]
+        if self._expected:
+            missing = sorted(set(self._expected) - set(state) - self._optional)
+            unexpected = sorted(set(state) - set(self._expected), key=str)
+            adapter = [k for k in unexpected if any(mark in str(k) for mark in _ADAPTER_MARKS)]
+            if adapter:
+                raise ValueError(f"the state dict has keys of an unmerged adapter (lora) such as {adapter[:3]}; merge "
+                                 "it first (peft's merge_and_unload) and send the merged weights; nothing was loaded")
+            if missing or unexpected:
+                raise ValueError(f"the state dict does not match the model: missing {missing[:5]}, unexpected "
+                                 f"{[str(k)[:80] for k in unexpected[:5]]}; nothing was loaded")
+        if problems:
+            raise ValueError(f"{len(problems)} tensors cannot be loaded: {problems[:5]}; nothing was loaded")
+        return {k: v.detach().to(self.dtype).contiguous() for k, v in state.items()}
 
     def clear_cache(self) -> None:
         """Empty vLLM's prefix cache (after new weights; or to time a workload from a cold cache). Raises
@@ -263,3 +353,58 @@ class VLLMEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_cpu_shapes(config: dict, block_size: int) -> None:
+    """ValueError when vLLM's CPU attention cannot run a model of `config` with `block_size` (module docstring)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    if block_size % 32:
+        raise ValueError(f"block_size={block_size}: vLLM's CPU attention needs a multiple of 32")
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else None)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in supported:
+        raise ValueError(f"head_dim={head_dim}: vLLM's CPU attention supports head sizes {supported}; choose "
+                         "hidden_size / num_attention_heads among them")
+
+
+def _expected_weights(model: str | Path, fallback: Mapping[str, torch.Tensor] | None
+                      ) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The Hugging Face state dict the model takes, as meta tensors, and the names that may be left out (tied
+    copies of another tensor): from the model's config built on the meta device, else from `fallback`, else
+    ({}, set()) (then only each tensor is checked)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            given = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model))).state_dict(keep_vars=True)
+    except Exception:  # noqa: BLE001 (a custom architecture: use what the caller gave)
+        given = fallback
+    if given is None:
+        return {}, set()
+    seen: set[int] = set()
+    optional = set()
+    for name, tensor in given.items():  # a tied tensor appears under two names; the second may be left out
+        if id(tensor) in seen:
+            optional.add(name)
+        seen.add(id(tensor))
+    return {k: torch.empty_like(v, device="meta") for k, v in given.items()}, optional
+
+
+def _tensor_problem(tensor: Any, like: torch.Tensor | None) -> str:
+    """'' when `tensor` can be loaded where `like` (a meta tensor, or None: unknown) goes, else why not."""
+    if not isinstance(tensor, torch.Tensor):
+        return f"a {type(tensor).__name__}, not a tensor"
+    if tensor.layout != torch.strided:
+        return f"layout {tensor.layout} (sparse or other); send dense tensors"
+    if tensor.is_meta:
+        return "a meta tensor (no data)"
+    if not tensor.is_floating_point():
+        return f"dtype {tensor.dtype}; need a real floating dtype"
+    if like is not None and tensor.shape != like.shape:
+        return f"shape {tuple(tensor.shape)}, the model's is {tuple(like.shape)}"
+    if not bool(torch.isfinite(tensor).all()):
+        return "holds NaN or inf values (not finite)"
+    return ""

@@ -25,15 +25,19 @@ the file), or load LoRA adapters (the trainer sends merged weights).
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 
-import httpx
-
-from tracerl.engines.openai_engine import EngineError
+from tracerl.engines.errors import EngineError
 
 EXTENSION = "tracerl.engines.vllm_worker.WeightSyncExtension"
 START_HINT = (f"start vLLM with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls {EXTENSION} (docs/engines.md, "
               "\"vLLM with weight sync\")")
+
+# POST a JSON body (or none) to a URL: (HTTP status, answer bytes), or EngineError; `OpenAIEngine.post_small` is one,
+# bounded in time and size
+Post = Callable[[str, "dict | None"], "tuple[int, bytes]"]
 
 
 class WeightSyncExtension:
@@ -49,27 +53,38 @@ class WeightSyncExtension:
         return {"num_tensors": len(state)}
 
 
-def load_served_weights(client: httpx.Client, base_url: str, path: str, *, reset_attempts: int = 5) -> int:
+def load_served_weights(post: Post, base_url: str, path: str, *, reset_attempts: int = 5) -> int:
     """Make the vLLM server at `base_url` load the weights at `path` on every worker and reset its prefix cache;
-    returns the number of tensors each worker loaded. Raises EngineError naming the fix when the server lacks dev
-    mode or the extension, or cannot reset its cache."""
+    returns the number of tensors each worker loaded. `post` sends each request (`OpenAIEngine.post_small`). Raises
+    EngineError naming the fix when the server lacks dev mode or the extension, answers in another shape, or cannot
+    reset its cache."""
     url = f"{base_url}/collective_rpc"
-    try:
-        response = client.post(url, json={"method": "tracerl_load_weights", "args": [str(path)]})
-    except httpx.TransportError as err:
-        raise EngineError(f"POST {url} failed: {type(err).__name__}: {err}. Is the server up?") from err
-    if response.status_code == 404:
+    status, data = post(url, {"method": "tracerl_load_weights", "args": [str(path)]})
+    if status == 404:
         raise EngineError(f"{base_url} has neither tracerl serve's /v1/load_weights nor vLLM's /collective_rpc; "
-                         f"{START_HINT}, or set policy.sync_weights=false")
-    if response.status_code != 200:
-        raise EngineError(f"POST {url} answered HTTP {response.status_code}: {response.text[:300]}; {START_HINT}")
-    results = response.json().get("results")
-    if not results or not all(isinstance(r, dict) and r.get("num_tensors") for r in results):
-        raise EngineError(f"POST {url} loaded no weights (answer {str(results)[:200]}); {START_HINT}")
+                          f"{START_HINT}, or set policy.sync_weights=false")
+    if status != 200:
+        raise EngineError(f"POST {url} answered HTTP {status}: {data[:300].decode(errors='replace')}; {START_HINT}")
+    results = _json(data).get("results") if isinstance(_json(data), dict) else None
+    if not isinstance(results, list) or not results or not all(
+            isinstance(r, dict) and type(r.get("num_tensors")) is int and r["num_tensors"] > 0 for r in results):
+        raise EngineError(f"POST {url} loaded no weights: field 'results' must list one {{\"num_tensors\": N > 0}} "
+                          f"per worker (answer {data[:200].decode(errors='replace')}); {START_HINT}")
+    last = ""
     for attempt in range(reset_attempts):  # fails while requests still hold cache blocks: wait for them
-        reset = client.post(f"{base_url}/reset_prefix_cache")
-        if reset.status_code == 200 and reset.json().get("success"):
-            return int(results[0]["num_tensors"])
+        status, data = post(f"{base_url}/reset_prefix_cache", None)
+        answer = _json(data)
+        if status == 200 and isinstance(answer, dict) and answer.get("success") is True:
+            return results[0]["num_tensors"]
+        last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
         time.sleep(0.5 * 2 ** attempt)
-    raise EngineError(f"{base_url} loaded the new weights but could not reset its prefix cache "
-                     f"(HTTP {reset.status_code}: {reset.text[:200]}); sync only when no request is running")
+    raise EngineError(f"{base_url} loaded the new weights but could not reset its prefix cache ({last}); sync only "
+                      "when no request is running")
+
+
+def _json(data: bytes) -> object:
+    """The JSON in `data`, or None when it is not JSON."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None

@@ -4,21 +4,32 @@ It loads a causal LM from a local directory (or the embedded policy, built once 
 `tracerl.policy.embedded.build_embedded`) into a `TransformersEngine` and serves it with uvicorn; the app itself
 is `tracerl.serve.app.create_app`. Point `tracerl.engines.openai_engine.OpenAIEngine` at it, exactly as at vLLM.
 
+Every request and connection is bounded (`ServeLimits`): the app bounds bodies, validation and generation
+(`tracerl.serve.app`); `server_config` bounds connections: a request's head must arrive within `header_timeout_s`
+(slow or partial headers, and a kept-alive connection that starts a request and stalls, get the connection closed),
+an idle kept-alive connection is closed after `keep_alive_s`, and past `max_connections` open connections a new one
+is closed at once, so idle sockets cannot exhaust the server's file descriptors. Heads over h11's 16 KiB are refused
+by h11.
+
 It does not download models (pass a directory), shard them across devices, or batch across concurrent requests:
 it is the small, exact reference server for tests and single-machine runs; use vLLM or SGLang for throughput.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from tracerl.engines.transformers_engine import TransformersEngine
 
-from .app import ServeLimits, create_app
+from .app import create_app
+from .limits import ServeLimits
 
-__all__ = ["ServeLimits", "create_app", "load_model", "run_server"]
+__all__ = ["ServeLimits", "create_app", "load_model", "run_server", "server_config"]
 
 
 def load_model(model: str, *, device: str = "cpu",
@@ -55,4 +66,54 @@ def run_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, device:
         engine, tokenizer, name = load_model(model, device=device, say=say)
         name = served_model_name or name
         say(f"serving {name!r} on http://{host}:{port}/v1/completions")
-        uvicorn.run(create_app(engine, name, tokenizer, limits or ServeLimits()), host=host, port=port, log_level=log_level)
+        limits = limits or ServeLimits()
+        app = create_app(engine, name, tokenizer, limits)
+        uvicorn.Server(server_config(app, host=host, port=port, limits=limits, log_level=log_level)).run()
+
+
+def server_config(app: Any, *, host: str, port: int, limits: ServeLimits, log_level: str = "info"):
+    """uvicorn's config for `app` with the connection bounds of `limits` (module docstring)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=limits.keep_alive_s,
+                          http=functools.partial(_BoundedH11, limits=limits), ws="none", lifespan="on")
+
+
+class _BoundedH11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's head and a cap on open connections.
+
+    A watch runs every quarter of `header_timeout_s`: while no request is in progress on the connection (just
+    opened, or kept alive after a response), the head of the next one must arrive within `header_timeout_s` of the
+    connection waiting for it, or the connection is closed. The body has its own deadline in the app."""
+
+    def __init__(self, *args: Any, limits: ServeLimits, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._waiting_since: float | None = None
+        self._watch: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            transport.close()
+            return
+        self._waiting_since = self.loop.time()
+        self._watch = self.loop.call_later(self.limits.header_timeout_s / 4, self._check_head)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        super().connection_lost(exc)
+
+    def _check_head(self) -> None:
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._waiting_since = None  # a request is in progress: its head arrived
+        elif self._waiting_since is None:
+            self._waiting_since = now
+        elif now - self._waiting_since > self.limits.header_timeout_s:
+            self.transport.close()
+            return
+        self._watch = self.loop.call_later(self.limits.header_timeout_s / 4, self._check_head)

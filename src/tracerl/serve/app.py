@@ -7,12 +7,16 @@ token-id output, so `tracerl.engines.openai_engine.OpenAIEngine` reads it like v
 strings when the model has a tokenizer and `return_tokens_as_token_ids` is false), `logprobs.token_logprobs` and
 `finish_reason` "stop" or "length". Logprobs are `log_softmax(logits / T)` of each sampled token (the engine's).
 
-Every bad request (not JSON, a text prompt, ids outside the vocabulary, a prompt too long, unsupported options such
-as `stream`, `echo`, `stop` strings or top-k logprobs, a temperature that is NaN or negative, top_p outside (0, 1],
-a seed outside [0, 2^63)) gets HTTP 400 with a message; so does a request over one of `ServeLimits` (n, prompts x n,
-max_tokens, body bytes), the message naming the limit and the flag that raises it; a model error gets HTTP 500;
-the server keeps serving. Requests run one at a time on the engine (it is not thread-safe); a request with several
-prompts or n > 1 is batched inside the engine.
+Bounded in memory and time (`ServeLimits`):
+- the body is read under `max_body_bytes` and `body_timeout_s` (HTTP 400 / 408), then checked and parsed off the
+  event loop (`tracerl.serve.request`: a structural count before `json.loads`, then field by field), so `/health`
+  answers while a costly body is refused;
+- every bad request gets HTTP 400 with a message naming the field or the limit (and the flag that raises it);
+- admitted requests share the engine through `tracerl.serve.scheduler` (round-robin slices, at most
+  `max_queued_requests`, then HTTP 503); a request whose client disconnects is dropped at its next turn;
+- `/v1/load_weights` checks the whole file before writing a parameter (`tracerl.serve.weights`);
+- a model error gets HTTP 500; the server keeps serving. Connection bounds (header and idle timeouts, a cap on
+  open connections) are uvicorn's, set by `tracerl.serve.server_config`.
 
 What it does not do: text prompts, chat completions, streaming, EOS handling (only `stop_token_ids` end a sample,
 as if `ignore_eos` were set), authentication (it binds to 127.0.0.1 unless told otherwise).
@@ -20,89 +24,47 @@ as if `ignore_eos` were set), authentication (it binds to 127.0.0.1 unless told 
 
 from __future__ import annotations
 
-import math
-import threading
+import asyncio
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from contextlib import asynccontextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
 
+from .limits import ServeLimits
+from .request import BadRequest, CompletionRequest, parse_completion
+from .scheduler import Busy, Job, Scheduler
+from .weights import WeightsError, read_checked
 
-@dataclass(frozen=True)
-class ServeLimits:
-    """Per-request bounds, so one request cannot take the server's memory (each sample holds a KV cache)."""
-
-    max_n: int = 64  # samples per prompt (`n`); raise with --max-n for large best-of-n sweeps
-    max_samples: int = 512  # prompts x n in one request; bounds the batch the engine builds
-    max_tokens: int = 4096  # `max_tokens` per sample; raise for long generations (memory grows with it)
-    max_body_bytes: int = 16 << 20  # request body size; a prompt of 1M ids is about 8 MB of JSON
-
-    def __post_init__(self) -> None:
-        for name in ("max_n", "max_samples", "max_tokens", "max_body_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ServeLimits.{name}={getattr(self, name)} must be >= 1")
-
-
-class LoadWeightsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str  # a state dict written with torch.save, readable by the server
-
-
-class CompletionRequest(BaseModel):
-    """The fields `/v1/completions` reads; other fields (e.g. vLLM's `return_tokens_as_token_ids`) are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: list[int] | list[list[int]]
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    seed: int | None = None
-    logprobs: int | None = None
-    stop_token_ids: list[int] | None = None
-    return_tokens_as_token_ids: bool = False
-    # accepted only with the values this server implements (checked in `_check`)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    echo: bool = False
-
-
-class BadRequest(ValueError):
-    """A request this server cannot answer as asked (HTTP 400)."""
+__all__ = ["BadRequest", "ServeLimits", "create_app"]
 
 
 def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = None,
                limits: ServeLimits = ServeLimits()) -> FastAPI:
     """The app serving `engine` as `model_name`; `tokenizer` (optional) only fills the `text` fields."""
-    app = FastAPI(title="tracerl serve", description=__doc__)
-    app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes)
-    lock = threading.Lock()  # TransformersEngine keeps per-call state and a KV store: one call at a time
+    scheduler: Scheduler | None = None
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        problems: dict[str, str] = {}  # field -> its first problem (a union type reports one per member)
-        for e in err.errors():
-            loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-            field = loc[0] if loc else "body"
-            problems.setdefault(field, "must be a list of token ids or a list of such lists (text prompts are not "
-                                       "supported: tokenize first)" if field == "prompt" and e.get("type") != "missing"
-                                else str(e.get("msg")))
-        listed = "; ".join(f"{field}: {msg}" for field, msg in problems.items())
-        return _error(400, f"bad request: {listed}. Send JSON like {{\"prompt\": [1, 2, 3], \"max_tokens\": 16}}")
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        nonlocal scheduler
+        scheduler = Scheduler(engine, limits)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(scheduler.stop)
+
+    app = FastAPI(title="tracerl serve", description=__doc__, lifespan=lifespan)
+    app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s,
+                       max_buffered=4 * limits.max_body_bytes)
+    vocab_size, max_positions = getattr(engine, "vocab_size", None), getattr(engine, "max_positions", None)
 
     @app.exception_handler(ValueError)
     async def _bad_value(request: Request, err: ValueError) -> JSONResponse:
@@ -114,60 +76,91 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", "requests_in_progress": scheduler.num_jobs if scheduler else 0}
 
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "tracerl", "max_model_len": engine.max_positions}]}
+                                            "owned_by": "tracerl", "max_model_len": max_positions}]}
 
     @app.post("/v1/load_weights")
-    def load_weights(body: LoadWeightsRequest) -> JSONResponse:
+    async def load_weights(request: Request) -> JSONResponse:
         """Replace the served weights with a state dict saved by the trainer (`torch.save`) at `path` on this
-        machine: how a training run keeps its server generating with the latest policy. The engine's KV store is
-        invalidated by the in-place weight change."""
-        path = Path(body.path)
-        if not path.is_file():
-            return _error(400, f"no weights file at {path}; save the state dict with torch.save on a path the "
-                               "server can read")
+        machine: how a training run keeps its server generating with the latest policy. Checked whole, then
+        swapped in between two slices of generation (`tracerl.serve.weights`)."""
+        raw = await request.body()
+        body = _json_object(raw) if len(raw) <= 65536 else None  # a path needs no more; nothing costly is parsed
+        if body is None or set(body) != {"path"} or not isinstance(body["path"], str):
+            return _error(400, 'send {"path": "<a torch.save file the server can read>"} and nothing else')
         try:
-            state = torch.load(path, map_location=engine.device, weights_only=True)
-        except Exception as err:  # not a torch file, truncated, or pickled objects weights_only refuses
-            return _error(400, f"{path} is not a readable state dict ({type(err).__name__}: {str(err)[:200]}); "
-                               "save it with torch.save(model.state_dict(), path)")
-        with lock:  # checked whole before any tensor is copied: a bad file changes nothing
-            problem = _misfit(engine.model.state_dict(), state)
-            if problem:
-                return _error(400, f"the weights do not fit the served model, nothing was loaded: {problem}")
+            return JSONResponse({"status": "ok", "num_tensors": await run_in_threadpool(swap, Path(body["path"]))})
+        except WeightsError as err:
+            return _error(400, str(err))
+
+    def swap(path: Path) -> int:
+        state = read_checked(path, engine.model.state_dict())
+        with scheduler.engine_lock:
             engine.model.load_state_dict(state, strict=True)
-        return JSONResponse({"status": "ok", "num_tensors": len(state)})
+        return len(state)
 
     @app.post("/v1/completions")
-    def completions(body: CompletionRequest) -> JSONResponse:  # sync: FastAPI runs it in a worker thread
+    async def completions(request: Request) -> JSONResponse:
+        raw = await request.body()  # read whole by _BodyLimit, under its size and time bounds
+        body = await run_in_threadpool(parse_completion, raw, limits, vocab_size, max_positions)
         if body.model is not None and body.model != model_name:
-            return _error(404, f"model {body.model!r} is not served here; this server serves {model_name!r}")
-        prompts, params = _check(body, limits, getattr(engine, "vocab_size", None))
-        with lock:
-            results = engine.generate(prompts, params, n=body.n)
-        choices = [_choice(i * body.n + j, c, body, tokenizer) for i, samples in enumerate(results)
-                   for j, c in enumerate(samples)]
-        num_generated = sum(len(c.token_ids) for s in results for c in s)
-        num_prompt = sum(len(p) for p in prompts)
-        return JSONResponse({
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model_name, "choices": choices,
-            "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_generated,
-                      "total_tokens": num_prompt + num_generated},
-        })
+            return _error(404, f"model {body.model[:200]!r} is not served here; this server serves {model_name!r}")
+        try:
+            job = scheduler.submit(body.prompts, body.params, body.n)
+        except Busy as err:
+            return _error(503, str(err))
+        results = await _unless_gone(request, job, scheduler)
+        if results is None:  # the client went away: nobody reads an answer
+            return JSONResponse({}, status_code=499)
+        # built and serialised off the event loop: a request's answer may hold max_request_tokens tokens
+        return await run_in_threadpool(lambda: JSONResponse(_answer(body, results, model_name, tokenizer)))
 
     return app
 
 
-class _BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` (by Content-Length or as it streams in) gets HTTP 400."""
+async def _unless_gone(request: Request, job: Job, scheduler: Scheduler) -> list | None:
+    """The job's results, or None after cancelling it if the client disconnects first."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    answer = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not answer.done():
+        scheduler.cancel(job)
+        answer.cancel()
+        return None
+    return answer.result()  # raises the engine's error (ValueError: 400, other: 500)
+
+
+def _answer(body: CompletionRequest, results: list, model_name: str, tokenizer: Any) -> dict:
+    choices = [_choice(i * body.n + j, c, body, tokenizer) for i, samples in enumerate(results)
+               for j, c in enumerate(samples)]
+    num_generated = sum(len(c.token_ids) for s in results for c in s)
+    num_prompt = sum(len(p) for p in body.prompts)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model_name, "choices": choices,
+            "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_generated,
+                      "total_tokens": num_prompt + num_generated}}
+
+
+class _BodyLimit:
+    """ASGI middleware: the body must arrive whole within `timeout_s` (else HTTP 408) and under `max_bytes` (by
+    Content-Length or as it streams in; else HTTP 400); it is then replayed to the app. The bodies of all requests
+    being read or handled hold at most `max_buffered` bytes together (else HTTP 503, which clients retry), so
+    `max_connections` clients cannot make the server hold `max_connections` x `max_bytes`."""
+
+    def __init__(self, app: Any, max_bytes: int, timeout_s: float, max_buffered: int) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.max_buffered = app, max_bytes, timeout_s, max_buffered
+        self.buffered = 0  # bytes of bodies held now; only the event loop's thread touches it
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -177,81 +170,49 @@ class _BodyLimit:
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await _error(400, message)(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
         chunks, size, more = [], 0, True
-        while more:  # read the whole body under the cap, then replay it to the app
-            event = await receive()
-            if event["type"] != "http.request":
-                return
-            chunks.append(event.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await _error(400, message)(scope, receive, send)
-            more = event.get("more_body", False)
-        replayed = False
+        try:
+            while more:  # read the whole body under the caps, then replay it to the app
+                try:
+                    event = await asyncio.wait_for(receive(), deadline - loop.time())
+                except asyncio.TimeoutError:
+                    return await _error(408, f"the request body did not arrive within {self.timeout_s} s "
+                                             "(body_timeout_s)")(scope, receive, send)
+                if event["type"] != "http.request":
+                    return
+                chunk = event.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                self.buffered += len(chunk)
+                if size > self.max_bytes:
+                    return await _error(400, message)(scope, receive, send)
+                if self.buffered > self.max_buffered:
+                    return await _error(503, "the server holds too many request bodies at once; retry "
+                                             "shortly")(scope, receive, send)
+                more = event.get("more_body", False)
+            replayed = False
 
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            async def replay() -> dict:
+                nonlocal replayed
+                if replayed:
+                    return await receive()
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        await self.app(scope, replay, send)
-
-
-def _misfit(expected: dict, state: Any) -> str:
-    """'' when `state` has exactly the served model's keys with the same shapes, else the first problems."""
-    if not isinstance(state, dict):
-        return f"the file holds a {type(state).__name__}, not a state dict"
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        return f"missing {missing[:5]}, unexpected {unexpected[:5]}"
-    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-              if not isinstance(state[k], torch.Tensor) or state[k].shape != v.shape]
-    return f"shape mismatch {shapes[:5]}" if shapes else ""
+            await self.app(scope, replay, send)
+        finally:
+            self.buffered -= size
 
 
-def _check(body: CompletionRequest, limits: ServeLimits = ServeLimits(),
-           vocab_size: int | None = None) -> tuple[list[list[int]], SamplingParams]:
-    """The prompts and sampling params of a request, or BadRequest naming what to change."""
-    if body.stream:
-        raise BadRequest("stream=true is not supported; send stream=false")
-    if body.echo:
-        raise BadRequest("echo=true is not supported; the prompt is the token ids you sent")
-    if body.stop:
-        raise BadRequest(f"stop strings {body.stop!r} are not supported; send stop_token_ids instead")
-    if body.logprobs not in (None, 0):
-        raise BadRequest(f"logprobs={body.logprobs} is not supported; send logprobs=0 (the sampled token's logprob)")
-    if body.n < 1:
-        raise BadRequest(f"n={body.n} must be >= 1")
-    if body.n > limits.max_n:
-        raise BadRequest(f"n={body.n} exceeds the limit max_n={limits.max_n}; send fewer samples per request or "
-                         "restart the server with a larger --max-n")
-    if body.max_tokens > limits.max_tokens:
-        raise BadRequest(f"max_tokens={body.max_tokens} exceeds the limit max_tokens={limits.max_tokens}; lower it "
-                         "or restart the server with a larger --max-tokens")
-    if not (math.isfinite(body.temperature) and body.temperature >= 0):
-        raise BadRequest(f"temperature={body.temperature}: need a finite temperature >= 0 (0 = greedy)")
-    if not (math.isfinite(body.top_p) and 0 < body.top_p <= 1):
-        raise BadRequest(f"top_p={body.top_p} must lie in (0, 1]")
-    if body.seed is not None and not 0 <= body.seed < 2**63:
-        raise BadRequest(f"seed={body.seed} must lie in [0, 2^63)")
-    prompts = [body.prompt] if not body.prompt or isinstance(body.prompt[0], int) else body.prompt
-    if not prompts:
-        raise BadRequest("prompt is empty; send at least one token id")
-    if len(prompts) * body.n > limits.max_samples:
-        raise BadRequest(f"{len(prompts)} prompts x n={body.n} = {len(prompts) * body.n} samples exceeds the limit "
-                         f"max_samples={limits.max_samples}; split the request or restart the server with a larger "
-                         "--max-samples")
-    bound = vocab_size if vocab_size is not None else 2**63
-    for name, ids in [(f"prompt {i}", p) for i, p in enumerate(prompts)] + [("stop_token_ids", body.stop_token_ids or [])]:
-        bad = [t for t in ids if not 0 <= t < bound]
-        if bad:
-            raise BadRequest(f"{name} has token ids outside [0, {bound}) (e.g. {str(bad[0])[:40]}); send ids from "
-                             "the served model's vocabulary")
-    params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_tokens,
-                            stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed)
-    return prompts, params
+def _json_object(raw: bytes) -> dict | None:
+    """The JSON object in `raw`, or None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> dict:
@@ -259,7 +220,7 @@ def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> 
     pieces = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [""] * len(ids)
     tokens = pieces if tokenizer is not None and not body.return_tokens_as_token_ids else [f"token_id:{t}" for t in ids]
     offsets = list(accumulate(map(len, pieces), initial=0))[: len(ids)]  # where each token's text starts
-    logprobs = None if body.logprobs is None else {
+    logprobs = None if not body.logprobs else {
         "tokens": tokens, "token_logprobs": completion.logprobs,
         "top_logprobs": [{t: lp} for t, lp in zip(tokens, completion.logprobs)], "text_offset": offsets,
     }
@@ -269,5 +230,6 @@ def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> 
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    kind = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeoutError",
+            503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
