@@ -10,12 +10,13 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hostile import HARDENING
+from hostile import HARDENING, NEEDS_THREADS, THREAD_HOG, Host
 from test_sandbox import QUICK, assert_contained, leftovers, spawned  # noqa: F401 (spawned is a fixture)
 
 from tracerl.io import sandbox
@@ -41,6 +42,7 @@ def host_tmp(tmp_path_factory):
     fake = Path(tempfile.mkdtemp(prefix="tracerl-test-host-tmp-", dir="/tmp"))  # searchable by the sandbox user
     os.chmod(fake, 0o1777)
     real_mode = os.stat("/tmp").st_mode
+    tmp_path_factory.getbasetemp()  # pytest's own folder stays in the real /tmp
     old = tempfile.tempdir
     tempfile.tempdir = str(fake)
     sandbox._private_parent.cache_clear()
@@ -68,30 +70,62 @@ def outside(tmp_path):
     os.chmod(tmp_path, 0o777)  # nothing but the sandbox's layers may keep the code out
     os.chmod(tmp_path / "secret.txt", 0o666)
     victim = subprocess.Popen(["sleep", "60"])
-    yield tmp_path, victim
+    host = Host(str(tmp_path), victim.pid)
+    yield tmp_path, victim, host
+    host.close()
     victim.kill()
     victim.wait()
 
 
-def run(name: str, outside_dir: Path, victim, disable=(), limits=QUICK):
-    code = HARDENING[name].format(dir=str(outside_dir), pid=victim.pid)
-    return run_python(code, limits, _disable=disable)
+def run(name: str, outside, disable=(), limits=QUICK):
+    _, _, host = outside
+    return run_python(HARDENING[name].format(**host.fields()), limits, _disable=disable)
 
 
-def check_host(name, result, outside_dir, victim):
-    assert sorted(p.name for p in outside_dir.iterdir()) == ["secret.txt"], f"{name} wrote outside"
-    assert "42" not in result.stdout and "pwned-by-shell" not in result.stdout, f"{name} got through"
+def check_host(name, result, outside):
+    _, victim, host = outside
+    problems = host.problems(result.stdout)
+    host.reset()
+    assert not problems, f"{name}: {problems}"
     assert victim.poll() is None, f"{name} killed a process outside the sandbox"
 
 
+HOOK_OFF = ("audit_hook",)  # as if the code had switched the hook off: no guarantee may rest on it
+
+
+@pytest.mark.parametrize("disable", [(), HOOK_OFF], ids=["all_layers", "hook_off"])
 @pytest.mark.parametrize("name", sorted(HARDENING))
-def test_hostile_program_is_contained_with_every_layer(name, outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
+def test_hostile_program_is_contained_with_every_layer(name, disable, outside, spawned):  # noqa: F811
     limits = SandboxLimits(wall_seconds=2.0, memory_mb=256)
-    result = run(name, outside_dir, victim, limits=limits)
-    check_host(name, result, outside_dir, victim)
+    result = run(name, outside, disable, limits=limits)
+    check_host(name, result, outside)
     assert "seccomp" in result.layers and result.seconds < limits.wall_seconds + 2
     assert_contained(result, spawned)
+
+
+def test_threads_of_one_sandbox_leave_the_others_their_process_limit(outside, spawned):  # noqa: F811
+    """Two sandboxes side by side: one holds every thread it can get, the other still starts its eight."""
+    hog_done = []
+    limits = SandboxLimits(wall_seconds=6.0, max_processes=64)
+    hog = threading.Thread(target=lambda: hog_done.append(run_python(THREAD_HOG, limits, _disable=HOOK_OFF)))
+    hog.start()
+    time.sleep(2.5)  # the hog has started and taken its threads
+    other = run_python(NEEDS_THREADS, SandboxLimits(wall_seconds=3.0), _disable=HOOK_OFF)
+    hog.join()
+    assert hog_done[0].stdout.startswith("threads "), hog_done[0]
+    assert other.ok and other.stdout == "threads ok\n", (other, hog_done[0].stdout)
+    assert int(hog_done[0].stdout.split()[1]) < 64, "the hog got more threads than its process limit"
+
+
+def test_the_call_returns_only_when_every_process_is_gone(spawned):  # noqa: F811
+    """Killed by the clock while many threads run and much memory is mapped: nothing of it may still run when
+    run_python returns (a fixed settle time after the kill is not enough on a loaded host)."""
+    code = ("import threading\nthreading.stack_size(1 << 16)\nx = bytearray(200 << 20)\n"
+            "for _ in range(40):\n    threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\n"
+            "while True:\n    pass\n")
+    for _ in range(3):
+        result = run_python(code, SandboxLimits(wall_seconds=1.0, memory_mb=512), _disable=HOOK_OFF)
+        assert result.timed_out and leftovers(spawned) == [], leftovers(spawned)
 
 
 BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which program
@@ -106,21 +140,19 @@ BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which 
 
 @pytest.mark.parametrize("name,layer", [(n, layer) for n, layers in BLOCKED_BY.items() for layer in layers])
 def test_each_layer_alone_contains(name, layer, outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
     active = run_python("pass").layers
     if layer not in active:
         pytest.skip(f"layer {layer} is not available on this host")
-    result = run(name, outside_dir, victim, disable=[x for x in LAYERS if x != layer])
+    result = run(name, outside, disable=[x for x in LAYERS if x != layer])
     assert result.layers == ("rlimits", layer), result.layers
-    check_host(name, result, outside_dir, victim)
+    check_host(name, result, outside)
     if name == "disk_fill":
         assert "disk quota of 64 MB" in (result.error or ""), result
     assert_contained(result, spawned)
 
 
 def test_without_tmpfs_the_disk_quota_is_checked_after_the_run(outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
-    result = run("disk_fill", outside_dir, victim, disable=("disk_quota",))
+    result = run("disk_fill", outside, disable=("disk_quota",))
     assert result.error and "disk quota of 64 MB" in result.error, (result.error, result.stderr)
     assert_contained(result, spawned)
 
