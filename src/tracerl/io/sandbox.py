@@ -62,9 +62,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import os
-import pwd
 import select
 import signal
 import stat
@@ -77,8 +77,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Collection
 
-# the switchable layers (rlimits are always on)
-LAYERS = ("netns", "pidns", "disk_quota", "seccomp", "uid_drop", "landlock", "audit_hook")
+# the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
+LAYERS = ("netns", "ipcns", "pidns", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock", "audit_hook")
+# as root, each call runs as a uid of its own: UID_BASE + the launcher's pid (a range no distribution hands out;
+# pids of live launchers differ, and a call returns only when all of its processes are gone)
+UID_BASE = 2_000_000_000
 
 
 class SandboxError(RuntimeError):
@@ -148,18 +151,19 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     """
     assert isinstance(code, str), f"code must be str, got {type(code).__name__}"
     assert set(_disable) <= set(LAYERS), f"unknown layers in _disable: {set(_disable) - set(LAYERS)}"
-    python, uid, gid = _interpreter(drop=os.geteuid() == 0 and "uid_drop" not in _disable)
+    drop_uid = os.geteuid() == 0 and "uid_drop" not in _disable
+    python = _interpreter(drop=drop_uid)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
+    cgroups = [] if "cgroup" in _disable else _make_cgroups(limits)
     report, disk_error = {}, None
     try:
         files.extend(tempfile.TemporaryFile(dir=_private_parent()) for _ in range(4))
         source, out, err, status = files
-        if uid is not None:
-            os.chown(workdir, uid, gid)
         source.write(code.encode("utf-8", "surrogatepass"))
         source.seek(0)
-        config = {"workdir": workdir, "uid": uid, "gid": gid, "status_fd": status.fileno(),
+        config = {"workdir": workdir, "uid": None, "drop_uid": drop_uid, "uid_base": UID_BASE, "cgroups": cgroups,
+                  "status_fd": status.fileno(),
                   "disable": sorted(_disable), "cpu_seconds": limits.cpu_seconds,
                   "memory_bytes": limits.memory_mb << 20, "max_processes": limits.max_processes,
                   "max_file_bytes": limits.max_file_mb << 20, "max_open_files": limits.max_open_files,
@@ -178,6 +182,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             _kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot have been reused
             returncode = proc.wait()
         seconds = time.monotonic() - start
+        out_of_memory = _cgroup_oom(cgroups)
         status.seek(0)
         report = json.loads(status.read() or b"{}")
         stdout = _read_capped(out, limits)
@@ -188,6 +193,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         for f in files:
             f.close()
         _remove_tree(workdir)
+        _remove_cgroups(cgroups)
     if "setup_error" in report:
         raise SandboxError(f"sandbox launcher failed: {report['setup_error']}")
     if "layers" not in report and not timed_out:
@@ -197,14 +203,16 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=None if returncode < 0 else returncode, timed_out=timed_out,
         killed_by=killed_by, seconds=seconds, network_isolated="netns" in layers, layers=layers,
-        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr))
+        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr, out_of_memory))
 
 
 def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, returncode: int,
-                 stderr: str) -> str | None:
+                 stderr: str, out_of_memory: bool = False) -> str | None:
     """Name the limit that stopped the code, if one did."""
     if timed_out:
         return f"timed out after {limits.wall_seconds}s"
+    if out_of_memory and killed_by == "SIGKILL":  # the cgroup's OOM killer
+        return f"memory limit of {limits.memory_mb} MB (files in the workdir included) exceeded"
     if killed_by == "SIGXCPU":
         return f"CPU time limit of {limits.cpu_seconds}s exceeded"
     if killed_by == "SIGXFSZ":
@@ -222,16 +230,11 @@ def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, 
 
 
 @functools.cache
-def _interpreter(drop: bool) -> tuple[str, int | None, int | None]:
-    """(python, uid, gid) for the child: this interpreter and no uid drop unless we are root; as root,
-    the first interpreter that `nobody` can start and import the stdlib with (sys.executable first)."""
+def _interpreter(drop: bool) -> str:
+    """The Python for the child: this interpreter unless we are root; as root, the first interpreter that a
+    uid of the sandbox's range (no home, no groups) can start and import the stdlib with (sys.executable first)."""
     if not drop:
-        return sys.executable, None, None
-    try:
-        entry = pwd.getpwnam("nobody")
-        uid, gid = entry.pw_uid, entry.pw_gid
-    except KeyError:
-        uid = gid = 65534
+        return sys.executable
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}",
                   "/usr/bin/python3", "/usr/local/bin/python3"]
@@ -240,14 +243,14 @@ def _interpreter(drop: bool) -> tuple[str, int | None, int | None]:
         if not os.path.exists(python):
             continue
         try:
-            done = subprocess.run([python, "-s", "-S", "-c", probe], user=uid, group=gid, extra_groups=[],
+            done = subprocess.run([python, "-s", "-S", "-c", probe], user=UID_BASE, group=UID_BASE, extra_groups=[],
                                   env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             continue
         if done.returncode == 0:
-            return python, uid, gid
-    raise SandboxError(f"running as root, but no Python among {candidates} can be run by nobody (uid {uid}); "
-                       "install a system python3 (apt-get install python3) or run as a non-root user")
+            return python
+    raise SandboxError(f"running as root, but no Python among {candidates} can be run by an unprivileged uid "
+                       f"({UID_BASE}); install a system python3 (apt-get install python3) or run as a non-root user")
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:
@@ -269,31 +272,124 @@ def _wait_for_exit(pid: int, timeout: float) -> bool:
         os.close(pidfd)
 
 
-def _kill_group(pgid: int, settle_seconds: float = 1.0) -> None:
-    """SIGKILL every process in the group, then wait (bounded) until none but the unreaped leader runs.
-    Killed members that the code forked stay zombies until init reaps them; they run nothing."""
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process in the group, then wait until none but the unreaped leader is alive: no fixed settle
+    time, since a killed process on a loaded host can take any time to go. The code's PID namespace init is in
+    the group (seccomp forbids leaving it), and it finishes dying only after the kernel has reaped every other
+    process of its namespace; a member counts as gone when it is a zombie with no thread left."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + settle_seconds
-    while _live_members(pgid) - {pgid} and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while _live_members(pgid) - {pgid}:
+        time.sleep(0.005)
 
 
 def _live_members(pgid: int) -> set[int]:
-    """Pids of the processes in process group `pgid` that are not zombies, read from /proc."""
+    """Pids of the processes in process group `pgid` that still run a thread, read from /proc."""
     members = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     state, _ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]  # after "pid (comm)"
+                if int(pgrp) == pgid and (state not in (b"Z", b"X") or len(os.listdir(f"/proc/{entry}/task")) > 1):
+                    members.add(int(entry))
+            except (OSError, ValueError):
+                continue
+    return members
+
+
+_CGROUP_SERIAL = itertools.count()
+
+
+@functools.cache
+def _cgroup_parents() -> tuple[tuple[str, str], ...]:
+    """Where this process may make child cgroups with memory and process limits: ("v2", dir) when its cgroup v2
+    group delegates both controllers to children, else ("memory", dir) and ("pids", dir) of cgroup v1; () when
+    neither is writable. The call's cgroups nest under the caller's own, so they stay inside its limits."""
+    mounts, own = {}, {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                fstype, options = fields[fields.index("-") + 1], fields[-1].split(",")
+                if fstype == "cgroup2":
+                    mounts.setdefault("v2", fields[4])
+                elif fstype == "cgroup":
+                    for controller in ("memory", "pids"):
+                        if controller in options:
+                            mounts.setdefault(controller, fields[4])
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for controller in controllers.split(",") if controllers else ["v2"]:
+                    own[controller] = path
+    except (OSError, ValueError):
+        return ()
+    if "v2" in mounts and "v2" in own:
+        parent = mounts["v2"] + own["v2"].rstrip("/")
+        try:
+            with open(parent + "/cgroup.subtree_control") as f:
+                delegated = set(f.read().split())
+        except OSError:
+            delegated = set()
+        if {"memory", "pids"} <= delegated and os.access(parent, os.W_OK):
+            return (("v2", parent),)
+    parents = tuple((c, mounts[c] + own[c].rstrip("/")) for c in ("memory", "pids") if c in mounts and c in own)
+    if len(parents) == 2 and all(os.access(d, os.W_OK) for _, d in parents):
+        return parents
+    return ()
+
+
+def _make_cgroups(limits: SandboxLimits) -> list[str]:
+    """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
+    charged to it) and processes (threads included, plus the launcher); [] when the host offers none."""
+    memory = (limits.memory_mb + limits.max_disk_mb) << 20
+    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes + 1},
+                "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
+                "pids": {"pids.max": limits.max_processes + 1}}
+    made = []
+    name = f"tracerl-sandbox-{os.getpid()}-{next(_CGROUP_SERIAL)}"
+    try:
+        for kind, parent in _cgroup_parents():
+            directory = os.path.join(parent, name)
+            os.mkdir(directory)
+            made.append(directory)
+            for key, value in settings[kind].items():
+                try:
+                    with open(os.path.join(directory, key), "w") as f:
+                        f.write(str(value))
+                except FileNotFoundError:
+                    if key not in ("memory.swap.max", "memory.memsw.limit_in_bytes"):  # no swap accounting
+                        raise
+    except OSError:
+        _remove_cgroups(made)
+        return []
+    return made
+
+
+def _cgroup_oom(cgroups: list[str]) -> bool:
+    """Whether the kernel's OOM killer acted in the call's memory cgroup."""
+    for directory in cgroups:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    counts = dict(line.split() for line in f if len(line.split()) == 2)
             except OSError:
                 continue
-            if int(pgrp) == pgid and state != b"Z":
-                members.add(int(entry))
-    return members
+            if int(counts.get("oom_kill", 0)) > 0:
+                return True
+    return False
+
+
+def _remove_cgroups(cgroups: list[str]) -> None:
+    """Remove the call's cgroups; they are empty, since every process of the call is gone."""
+    for directory in cgroups:
+        try:
+            os.rmdir(directory)
+        except OSError as exc:
+            warnings.warn(f"could not remove the sandbox's cgroup {directory}: {exc}", RuntimeWarning, stacklevel=3)
 
 
 def _read_capped(f: IO[bytes], limits: SandboxLimits) -> str:
