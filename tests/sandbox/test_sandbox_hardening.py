@@ -91,27 +91,32 @@ def check_host(name, result, outside):
     assert victim.poll() is None, f"{name} killed a process outside the sandbox"
 
 
+HOSTILE_LIMITS = SandboxLimits(wall_seconds=2.0, memory_mb=256)  # memfd_memory holds 420 MB: above 256 + 64 of disk
 HOOK_OFF = ("audit_hook",)  # as if the code had switched the hook off: no guarantee may rest on it
 
 
 @pytest.mark.parametrize("disable", [(), HOOK_OFF], ids=["all_layers", "hook_off"])
 @pytest.mark.parametrize("name", sorted(HARDENING))
 def test_hostile_program_is_contained_with_every_layer(name, disable, outside, spawned):  # noqa: F811
-    limits = SandboxLimits(wall_seconds=2.0, memory_mb=256)
-    result = run(name, outside, disable, limits=limits)
+    result = run(name, outside, disable, limits=HOSTILE_LIMITS)
     check_host(name, result, outside)
-    assert "seccomp" in result.layers and result.seconds < limits.wall_seconds + 2
+    assert "seccomp" in result.layers and result.seconds < HOSTILE_LIMITS.wall_seconds + 2
     assert_contained(result, spawned)
 
 
-def test_threads_of_one_sandbox_leave_the_others_their_process_limit(outside, spawned):  # noqa: F811
-    """Two sandboxes side by side: one holds every thread it can get, the other still starts its eight."""
+@pytest.mark.parametrize("alone", [None, "cgroup", "uid_drop"])
+def test_threads_of_one_sandbox_leave_the_others_their_process_limit(alone, outside, spawned):  # noqa: F811
+    """Two sandboxes side by side: one holds every thread it can get, the other still starts its eight; with
+    every layer on but the hook, and with only the cgroup's or only the per-call uid's process limit."""
+    disable = HOOK_OFF if alone is None else [x for x in LAYERS if x != alone]
+    if alone and alone not in run_python("pass").layers:
+        pytest.skip(f"layer {alone} is not available on this host")
     hog_done = []
     limits = SandboxLimits(wall_seconds=6.0, max_processes=64)
-    hog = threading.Thread(target=lambda: hog_done.append(run_python(THREAD_HOG, limits, _disable=HOOK_OFF)))
+    hog = threading.Thread(target=lambda: hog_done.append(run_python(THREAD_HOG, limits, _disable=disable)))
     hog.start()
     time.sleep(2.5)  # the hog has started and taken its threads
-    other = run_python(NEEDS_THREADS, SandboxLimits(wall_seconds=3.0), _disable=HOOK_OFF)
+    other = run_python(NEEDS_THREADS, SandboxLimits(wall_seconds=3.0), _disable=disable)
     hog.join()
     assert hog_done[0].stdout.startswith("threads "), hog_done[0]
     assert other.ok and other.stdout == "threads ok\n", (other, hog_done[0].stdout)
@@ -136,6 +141,14 @@ BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which 
     "kill_host": ("pidns", "seccomp", "uid_drop", "audit_hook"),
     "disk_fill": ("disk_quota",),
     "deep_tree": ("disk_quota",),
+    "chmod_outside": ("seccomp", "readonly_fs", "uid_drop"),
+    "unix_socket": ("seccomp",),
+    "abstract_socket": ("seccomp", "netns"),
+    "sysv_ipc": ("seccomp", "ipcns"),
+    "dev_shm": ("readonly_fs", "landlock"),
+    "memfd_memory": ("seccomp", "cgroup"),
+    "personality": ("seccomp",),
+    "kernel_interfaces": ("seccomp",),
 }
 
 
@@ -144,8 +157,8 @@ def test_each_layer_alone_contains(name, layer, outside, spawned):  # noqa: F811
     active = run_python("pass").layers
     if layer not in active:
         pytest.skip(f"layer {layer} is not available on this host")
-    result = run(name, outside, disable=[x for x in LAYERS if x != layer])
-    assert result.layers == ("rlimits", layer), result.layers
+    result = run(name, outside, disable=[x for x in LAYERS if x != layer], limits=HOSTILE_LIMITS)
+    assert tuple(x for x in result.layers if x != "userns") == ("rlimits", layer), result.layers
     check_host(name, result, outside)
     if name == "disk_fill":
         assert "disk quota of 64 MB" in (result.error or ""), result

@@ -78,7 +78,8 @@ from pathlib import Path
 from typing import IO, Collection
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
-LAYERS = ("netns", "ipcns", "pidns", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock", "audit_hook")
+LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
+          "audit_hook")
 # as root, each call runs as a uid of its own: UID_BASE + the launcher's pid (a range no distribution hands out;
 # pids of live launchers differ, and a call returns only when all of its processes are gone)
 UID_BASE = 2_000_000_000
@@ -344,11 +345,11 @@ def _cgroup_parents() -> tuple[tuple[str, str], ...]:
 
 def _make_cgroups(limits: SandboxLimits) -> list[str]:
     """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
-    charged to it) and processes (threads included, plus the launcher); [] when the host offers none."""
+    charged to it) and processes (threads and the launcher included); [] when the host offers none."""
     memory = (limits.memory_mb + limits.max_disk_mb) << 20
-    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes + 1},
+    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes},
                 "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
-                "pids": {"pids.max": limits.max_processes + 1}}
+                "pids": {"pids.max": limits.max_processes}}
     made = []
     name = f"tracerl-sandbox-{os.getpid()}-{next(_CGROUP_SERIAL)}"
     try:

@@ -6,13 +6,15 @@ under a system python that cannot see tracerl). Setup errors go through the stat
 Importing it as a module (for the tests of `seccomp_program`) runs nothing.
 """
 
-import builtins, ctypes, json, linecache, os, resource, signal, sys, traceback, types
+import builtins, ctypes, json, linecache, os, re, resource, signal, sys, traceback, types
 import _posixsubprocess, _signal
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
 CLONE_NEWIPC = 0x08000000
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, atime flags: statvfs and MS_ agree
+MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64 and arm64
 
 # seccomp is an allowlist: the code may make only the syscalls below (what CPython needs to run stdlib code and use
 # its workdir, found by tracing it), each other one fails with EPERM. Left out on purpose, among others: every socket
@@ -312,7 +314,7 @@ def namespaces(libc, cfg, off, layers):
     """Network, IPC, mount (a size-capped tmpfs over the workdir) and PID namespaces, each where the kernel allows.
     Without root they live in a new user namespace that maps only the caller's own uid and gid; it also gives the
     call a process count of its own (RLIMIT_NPROC is counted per user namespace since Linux 5.14)."""
-    if os.geteuid() != 0 and not {"netns", "ipcns", "disk_quota", "pidns"} <= off:
+    if os.geteuid() != 0 and not {"netns", "ipcns", "readonly_fs", "disk_quota", "pidns"} <= off:
         uid, gid = os.geteuid(), os.getegid()
         if libc.unshare(CLONE_NEWUSER) != 0:
             return
@@ -324,16 +326,54 @@ def namespaces(libc, cfg, off, layers):
         layers.append("netns")
     if "ipcns" not in off and libc.unshare(CLONE_NEWIPC) == 0:  # SysV objects and mqueues die with the call
         layers.append("ipcns")
-    if "disk_quota" not in off and libc.unshare(CLONE_NEWNS) == 0:
-        owner = cfg["uid"] if cfg["uid"] is not None else os.geteuid()
-        group = cfg["uid"] if cfg["uid"] is not None else os.getegid()
-        options = "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (cfg["max_disk_bytes"], cfg["max_inodes"],
-                                                                     owner, group)
-        if (libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
-                and libc.mount(b"tmpfs", cfg["workdir"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                               options.encode()) == 0):
-            os.chdir(cfg["workdir"])  # the cwd still pointed at the directory under the mount
-            layers.append("disk_quota")
+    if {"readonly_fs", "disk_quota"} - off and libc.unshare(CLONE_NEWNS) == 0:
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "could not make the mount namespace private")
+        mounts(libc, cfg, off, layers)
+    if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
+        layers.append("pidns")
+
+
+def mounts(libc, cfg, off, layers):
+    """In the call's own mount namespace: every mount read-only (no file outside the workdir can be written,
+    chmod-ed or made, whatever the uid and whether or not Landlock exists), then the workdir writable again: a
+    tmpfs of max_disk_bytes and max_inodes (vanishing with the namespace), else a bind mount of itself."""
+    workdir = cfg["workdir"].encode()
+    if "readonly_fs" not in off and read_only_mounts(libc):
+        layers.append("readonly_fs")
+    owner = cfg["uid"] if cfg["uid"] is not None else os.geteuid()
+    group = cfg["uid"] if cfg["uid"] is not None else os.getegid()
+    options = "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (cfg["max_disk_bytes"], cfg["max_inodes"],
+                                                                 owner, group)
+    if "disk_quota" not in off and libc.mount(b"tmpfs", workdir, b"tmpfs", MS_NOSUID | MS_NODEV,
+                                              options.encode()) == 0:
+        layers.append("disk_quota")
+    elif "readonly_fs" in layers:
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | os.statvfs(workdir).f_flag & KEPT_MOUNT_FLAGS
+        if libc.mount(workdir, workdir, None, MS_BIND, None) != 0 or libc.mount(None, workdir, None, flags, None):
+            raise OSError(ctypes.get_errno(), "could not keep the workdir writable under a read-only root")
+    os.chdir(cfg["workdir"])  # the cwd still pointed at the directory under the new mount
+
+
+def read_only_mounts(libc):
+    """Make every mount of this namespace read-only: mount_setattr on / recursively (Linux >= 5.12), else a
+    read-only bind remount of each mount point, keeping the flags a user namespace may not clear."""
+    attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clear, propagation, userns
+    if libc.syscall(MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), 32) == 0:
+        return True
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [line.split()[4] for line in f]
+    for point in points:  # mountinfo escapes spaces and the like as \ooo
+        path = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), point)
+        try:
+            flags = os.statvfs(path).f_flag & KEPT_MOUNT_FLAGS
+        except OSError:
+            return False
+        if libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None) != 0:
+            return False
+    return True
+
+
     if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
         layers.append("pidns")
 
