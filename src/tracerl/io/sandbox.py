@@ -6,56 +6,70 @@ environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=T
 PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
 live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
 applies these layers before the model's code runs; each one that took effect is listed in
-`SandboxResult.layers`:
+`SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it switched off.
 
+- `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
+  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in the launcher);
+  every other one fails with EPERM: no socket or socketpair of any family, no SysV or POSIX IPC, no memfd,
+  no chmod/chown/xattr/utime (Landlock does not mediate them), no fork/exec/setsid, no personality,
+  namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd. clone passes
+  for threads only, signals only to itself, ioctl and fcntl only for a few requests, prlimit64 only on
+  itself. So the code is one process, and its limits bind the whole run.
 - `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
   the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
   the namespace, so no descendant outlives the call (a child in a new session included).
-- `seccomp`: a BPF filter (x86_64, arm64): no fork/vfork/clone of processes (threads only), no exec, no
-  setsid/setpgid, no signal to any process but itself, no unshare/setns/mount/ptrace/io_uring/bpf. With it
-  the memory and process limits bind the whole run. The sandbox refuses to run without it (SandboxError).
-- `disk_quota`: a new mount namespace with a tmpfs over the workdir, capped at `max_disk_mb` and
-  `max_inodes` (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is
-  checked after the run and reported as an error.
-- Without root, the namespaces live in a new user namespace mapping only the caller's uid (capabilities
-  dropped); the code needs a uid drop or Landlock to be kept from the user's files, else SandboxError.
-
-- `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes
-  (per user), file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`),
-  open files, no core dumps. The parent adds a wall-clock timeout that SIGKILLs the whole process
-  group, and kills any member left in the group after the code exits (killed members that the code
-  forked stay zombies, running nothing, until init reaps them).
-- `netns`: `unshare(CLONE_NEWNET)` (as root; `CLONE_NEWUSER|CLONE_NEWNET` otherwise): the code sees only
-  a loopback that is down, so no packet leaves and nothing on the host's 127.0.0.1 is reachable.
-- `uid_drop` (only when the caller is root): setgid/setuid to `nobody` after chowning the workdir, so
-  file permissions and signal rules protect the host, and RLIMIT_NPROC (per user; root ignores it)
-  stops fork bombs. Interpreters under /root (pyenv) are unreadable by nobody, so the sandbox then
-  runs a system python3 that nobody can read (probed once); if there is none it raises SandboxError
-  rather than run model code as root.
+- `netns`: only a loopback that is down: no packet leaves, nothing on the host's 127.0.0.1 and no abstract
+  unix socket of the host is reachable. `ipcns`: SysV objects and POSIX message queues of its own, which
+  die with the call, so nothing passes from one rollout to the next through them.
+- `readonly_fs`: a new mount namespace in which every mount is read-only (mount_setattr, or a bind
+  remount of each mount point before Linux 5.12) except the workdir: no file outside it can be written,
+  made, removed or chmod-ed, /dev/shm and /tmp included, whatever the uid and without Landlock.
+- `disk_quota`: a tmpfs over the workdir in that namespace, capped at `max_disk_mb` and `max_inodes`
+  (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is checked after the
+  run and reported as an error.
+- `cgroup` (where the caller's cgroup lets it make children: v2 with memory and pids delegated, or v1
+  memory and pids): the call's own cgroups, nested under the caller's, with memory.max = memory_mb +
+  max_disk_mb (tmpfs pages are charged to their writer, so the workdir's files count) and pids.max =
+  max_processes (threads and the launcher included).
+- `uid_drop` (only when the caller is root): the code runs as a uid of its own, UID_BASE + the launcher's
+  pid, with no groups: file permissions and signal rules protect the host, and RLIMIT_NPROC (counted per
+  uid) is the call's alone. Interpreters under /root (pyenv) are unreadable by it, so the sandbox then
+  runs a system python3 that it can read (probed once), or raises SandboxError rather than run as root.
+- `userns` (only without root): the namespaces live in a new user namespace mapping only the caller's uid
+  (capabilities dropped); since Linux 5.14 it also counts RLIMIT_NPROC for the call alone. The process
+  limit must be the call's own (`cgroup`, `uid_drop` or `userns` on Linux >= 5.14), else SandboxError.
 - `landlock` (Linux >= 5.13, any user): the kernel lets the code write only beneath its workdir, read
   only the interpreter's prefixes, /usr, /lib*, /etc and a few /dev files, execute nothing, and (ABI 4)
-  bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox.
-- `audit_hook` (always, Python >= 3.8): denies sockets, process creation, ctypes, kill() of other
-  processes, and file writes outside the workdir and reads outside the allowed roots.
+  bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox. A uid drop or
+  Landlock is required (else SandboxError): without either the code could read the caller's files.
+- `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes,
+  file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`), open files, no
+  core dumps. The parent adds a wall-clock timeout that SIGKILLs the whole process group (the PID
+  namespace's init included: seccomp keeps it in the group).
+- `audit_hook` (always, Python >= 3.8): a tripwire inside the code's process that denies sockets, process
+  creation, ctypes, kill() of other processes, and file writes outside the workdir and reads outside the
+  allowed roots, with readable errors. Code can switch it off (it lives in the code's own memory).
 
-Guarantees, when all layers are on (root on a recent kernel): the code cannot modify files outside
-its workdir, reach the network, signal or ptrace the trainer, outlive its wall-clock timeout, or take
-more CPU, memory, disk or processes than its limits; the caller gets a SandboxResult, never an
-exception, whatever the code does.
+`run_python` returns only when every process of the call is gone: after the kill it polls /proc until no
+member of the process group runs a thread, and the PID namespace's init is such a member until the kernel
+has reaped every other process of its namespace.
+
+Guarantees, when all layers are on (root, or a user namespace, on a recent kernel): the code cannot
+modify files outside its workdir, reach the network or any unix socket, share IPC objects with another
+call, signal or ptrace the trainer, outlive its wall-clock timeout, or take more CPU, memory (its files
+included), disk or processes than its limits, nor take them from another call; the caller gets a
+SandboxResult, never an exception, whatever the code does.
 
 What it does not guarantee:
-- It is not a VM or a container: the code shares the host kernel (a kernel exploit escapes it) and its
-  CPU caches (side channels), and it can read world-readable system files (/etc, /usr).
-- The audit hook is a tripwire, not a boundary: it runs inside the code's own process, and CPython
-  says hooks are no sandbox (for instance importlib can rebuild a builtin module the hook bans, such
-  as _posixsubprocess on Debian's python); the OS layers are the boundary.
-- Concurrent sandboxes all run as `nobody`: they share RLIMIT_NPROC and, with landlock off, could
-  read or signal each other.
-- Without root there is no uid drop: RLIMIT_NPROC counts all of the caller's processes, and with
-  landlock unavailable only the audit hook keeps the code from writing, reading or killing what the
-  caller's user can; with CLONE_NEWUSER refused too, only the hook blocks the network.
-- Landlock stops TCP only: UDP is stopped by the netns and the hook; unix sockets on the filesystem
-  (e.g. /var/run/docker.sock) by file permissions after the uid drop and the hook, not by the netns.
+- It is not a VM or a container: the code shares the host kernel (a kernel exploit escapes it, and every
+  allowed syscall is attack surface) and its CPU caches (side channels), and it can read world-readable
+  system files (/etc, /usr).
+- Code that needs a denied syscall fails with PermissionError: subprocess, multiprocessing, asyncio (its
+  event loop makes a socketpair), sockets, shutil.copy/copy2/copytree (they chmod), os.utime.
+- The per-call uid assumes no other program uses uids from UID_BASE on; concurrent calls in different PID
+  namespaces of one host (two containers sharing the host's uids) could draw the same uid.
+- Without a cgroup, memory is bounded per process (RLIMIT_AS) plus the tmpfs (max_disk_mb) and kernel
+  objects such as pipe buffers and thread stacks, not by one number.
 """
 
 from __future__ import annotations
@@ -94,8 +108,8 @@ class SandboxError(RuntimeError):
 class SandboxLimits:
     wall_seconds: float = 5.0  # wall-clock timeout; the whole process group is SIGKILLed after it
     cpu_seconds: int = 5  # RLIMIT_CPU: SIGXCPU at this many CPU seconds, SIGKILL one second later
-    memory_mb: int = 512  # RLIMIT_AS: address space; Python needs ~30 MB to start
-    max_processes: int = 64  # RLIMIT_NPROC, per user (enforced after the uid drop; root ignores it)
+    memory_mb: int = 512  # RLIMIT_AS: address space; Python needs ~30 MB to start (cgroup: this + max_disk_mb)
+    max_processes: int = 64  # threads of the call (RLIMIT_NPROC of its own uid or user namespace; cgroup pids.max)
     max_file_mb: int = 8  # RLIMIT_FSIZE: largest file the code may write, stdout and stderr included
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_chars: int = 4000  # chars of stdout and of stderr kept (head and tail), the rest cut
@@ -170,7 +184,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
                   "max_file_bytes": limits.max_file_mb << 20, "max_open_files": limits.max_open_files,
                   "max_disk_bytes": limits.max_disk_mb << 20, "max_inodes": limits.max_inodes,
                   # the tests switch layers off one by one; real use needs a uid drop or Landlock for files
-                  "allow_unconfined_files": bool({"uid_drop", "landlock"} & set(_disable))}
+                  "allow_unconfined_files": bool({"uid_drop", "landlock"} & set(_disable)),
+                  "allow_shared_process_count": bool({"cgroup", "uid_drop"} & set(_disable))}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "PYTHONHASHSEED": "0"}
         start = time.monotonic()

@@ -3,7 +3,9 @@ applies the isolation layers to itself, then runs the model's code read from std
 
 It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib (it may run
 under a system python that cannot see tracerl). Setup errors go through the status fd and fail the run closed.
-Importing it as a module (for the tests of `seccomp_program`) runs nothing.
+Importing it as a module (for the tests of `seccomp_program`) runs nothing. The layers a test switches off come in
+the config and are applied before the code runs; the code cannot switch one off afterwards, except the audit hook,
+which lives in its own memory and is therefore only a tripwire.
 """
 
 import builtins, ctypes, json, linecache, os, re, resource, signal, sys, traceback, types
@@ -415,6 +417,17 @@ def drop_capabilities(libc):
     return libc.capset(ctypes.byref(header), ctypes.byref(data)) == 0
 
 
+def own_process_count(layers):
+    """Whether RLIMIT_NPROC (or pids.max) counts this call's processes alone."""
+    if "cgroup" in layers or "uid_drop" in layers:
+        return True
+    try:
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return "userns" in layers and release >= (5, 14)  # ucounts: RLIMIT_NPROC per user namespace
+
+
 def set_limit(which, value, hard=None):
     _, current_hard = resource.getrlimit(which)
     hard = value if hard is None else hard
@@ -474,7 +487,11 @@ def setup(cfg):
         layers.append("seccomp")
     if not cfg["allow_unconfined_files"] and "uid_drop" not in layers and "landlock" not in layers:
         raise RuntimeError("neither a uid drop (run as root) nor Landlock (Linux >= 5.13 with lsm=landlock) is "
-                           "available, so the code could write every file this user can; enable one of them")
+                           "available, so the code could read every file this user can; enable one of them")
+    if not (cfg["allow_shared_process_count"] or own_process_count(layers)):
+        raise RuntimeError("the process limit would be shared with every process of this user (no writable cgroup, "
+                           "no uid drop, no user namespace on Linux >= 5.14); run as root, enable unprivileged user "
+                           "namespaces (sysctl user.max_user_namespaces > 0) or delegate a cgroup with memory and pids")
     os.umask(0o077)
     # close the paths around the hook: no fork_exec without an audit event, no pidfd signals
     _posixsubprocess.fork_exec = _denied_fork_exec
