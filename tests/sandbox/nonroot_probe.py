@@ -65,7 +65,8 @@ def main():
             if result.ok:
                 problems.append("reported ok")
             report["results"][name + "/hook_off" * bool(disable)] = {
-                "problems": problems, "error": result.error, "stderr": result.stderr[-300:]}
+                "problems": problems, "error": result.error, "stderr": result.stderr[-300:],
+                "stdout": result.stdout[:300]}
     report["threads"] = threads_side_by_side()
     normal = sandbox.run_python("print(sum(range(10)))")
     report["normal"] = normal.stdout

@@ -104,6 +104,17 @@ def test_hostile_program_is_contained_with_every_layer(name, disable, outside, s
     assert_contained(result, spawned)
 
 
+def test_the_hook_switched_off_by_the_code_leaves_every_guarantee(outside, spawned):  # noqa: F811
+    """The code itself switches the audit hook off (HOOK_BYPASS, pure Python), then tries everything."""
+    result = run("hook_bypass", outside, limits=HOSTILE_LIMITS)
+    if "hook off: True" not in result.stdout:
+        pytest.skip(f"the bypass does not work on this interpreter: {result.observation()[-300:]}")
+    denied = [line for line in result.stdout.splitlines() if line.startswith("denied ")]
+    assert "audit_hook" in result.layers and len(denied) == 10, result.stdout
+    check_host("hook_bypass", result, outside)
+    assert_contained(result, spawned)
+
+
 @pytest.mark.parametrize("alone", [None, "cgroup", "uid_drop"])
 def test_threads_of_one_sandbox_leave_the_others_their_process_limit(alone, outside, spawned):  # noqa: F811
     """Two sandboxes side by side: one holds every thread it can get, the other still starts its eight; with

@@ -52,6 +52,8 @@ def test_hostile_programs_are_contained_as_a_non_root_user():
                                       for name, r in sorted(failed.items()))
         assert len(report["results"]) == 2 * len(HARDENING) and report["normal"] == "45\n"
         assert report["threads"]["other"] == "threads ok\n", report["threads"]
+        assert report["results"]["hook_bypass"]["stdout"].startswith("hook off: True"), \
+            "the code could not switch the hook off, so the run proves nothing about the other layers"
         after = {k: v for k, v in snapshot(host_tmp).items() if not k.startswith(("tracerl-sandboxes-", "outside-"))}
         assert after == before and os.stat("/tmp").st_mode == tmp_mode, "the host's temporary directory changed"
         assert not [p for p in host_tmp.iterdir() if p.name.startswith("tracerl-sandboxes-")], \
