@@ -134,6 +134,53 @@ def test_threads_of_one_sandbox_leave_the_others_their_process_limit(alone, outs
     assert int(hog_done[0].stdout.split()[1]) < 64, "the hog got more threads than its process limit"
 
 
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.mark.skipif(not (FREEZER / "cgroup.procs").exists() or not os.access(FREEZER, os.W_OK),
+                    reason="needs a writable cgroup v1 freezer (its frozen tasks do not die of SIGKILL until thawed)")
+def test_the_call_waits_for_a_process_that_is_slow_to_die(spawned):  # noqa: F811
+    """The code's process (not its launcher) is frozen, so the kill at the timeout takes effect only when a thread
+    here thaws it, seconds later: the call must return after that, with nothing left, not after a fixed settle."""
+    frozen = FREEZER / f"tracerl-test-{os.getpid()}"
+    frozen.mkdir()
+    thawed_at = []
+
+    def freeze_then_thaw():
+        deadline = time.monotonic() + 5
+        while not spawned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # the code runs now
+        launcher = spawned[0][0]
+        for entry in filter(str.isdigit, os.listdir("/proc")):  # the code: the launcher's child, the PID ns init
+            try:
+                if int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == launcher:
+                    (frozen / "cgroup.procs").write_text(entry)
+            except OSError:
+                continue
+        (frozen / "freezer.state").write_text("FROZEN")
+        time.sleep(3.0)
+        thawed_at.append(time.monotonic())
+        (frozen / "freezer.state").write_text("THAWED")
+
+    helper = threading.Thread(target=freeze_then_thaw)
+    helper.start()
+    try:
+        result = run_python("while True:\n    pass\n", SandboxLimits(wall_seconds=1.5), _disable=HOOK_OFF)
+        returned_at = time.monotonic()
+        assert leftovers(spawned) == [], leftovers(spawned)
+    finally:
+        helper.join()
+        (frozen / "freezer.state").write_text("THAWED")
+        for _ in range(500):  # the processes leave the cgroup as they die
+            try:
+                frozen.rmdir()
+                break
+            except OSError:
+                time.sleep(0.01)
+    assert result.timed_out and thawed_at and returned_at > thawed_at[0], "returned while the code was alive"
+
+
 def test_the_call_returns_only_when_every_process_is_gone(spawned):  # noqa: F811
     """Killed by the clock while many threads run and much memory is mapped: nothing of it may still run when
     run_python returns (a fixed settle time after the kill is not enough on a loaded host)."""
