@@ -5,6 +5,7 @@ program runs with every layer on, then with only one of the layers that should s
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -338,3 +339,15 @@ def test_a_sandbox_still_starts_fast():
     started = time.monotonic()
     result = run_python("print(6 * 7)")
     assert result.ok and result.stdout == "42\n" and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("uid_map,ok", [("0 0 4294967295\n", True), ("0 100000 65536\n", False),
+                                        ("0 0 65536\n2000000000 3000000000 5000000\n", True)])
+def test_root_in_a_user_namespace_without_the_per_call_uids_is_refused(uid_map, ok, monkeypatch):
+    files = {"/proc/sys/kernel/pid_max": "4194304\n", "/proc/self/uid_map": uid_map}
+    monkeypatch.setattr(sandbox, "open", lambda path, *a, **k: io.StringIO(files[path]), raising=False)
+    if ok:
+        sandbox._check_uid_range()
+    else:
+        with pytest.raises(sandbox.SandboxError, match="does not map uids 2000000000-2004194304"):
+            sandbox._check_uid_range()

@@ -67,7 +67,8 @@ What it does not guarantee:
 - Code that needs a denied syscall fails with PermissionError: subprocess, multiprocessing, asyncio (its
   event loop makes a socketpair), sockets, shutil.copy/copy2/copytree (they chmod), os.utime.
 - The per-call uid assumes no other program uses uids from UID_BASE on; concurrent calls in different PID
-  namespaces of one host (two containers sharing the host's uids) could draw the same uid.
+  namespaces of one host (two containers sharing the host's uids) could draw the same uid. Root in a user
+  namespace that does not map those uids gets SandboxError.
 - Without a cgroup, memory is bounded per process (RLIMIT_AS) plus the tmpfs (max_disk_mb) and kernel
   objects such as pipe buffers and thread stacks, not by one number.
 """
@@ -251,6 +252,7 @@ def _interpreter(drop: bool) -> str:
     uid of the sandbox's range (no home, no groups) can start and import the stdlib with (sys.executable first)."""
     if not drop:
         return sys.executable
+    _check_uid_range()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}",
                   "/usr/bin/python3", "/usr/local/bin/python3"]
@@ -267,6 +269,21 @@ def _interpreter(drop: bool) -> str:
             return python
     raise SandboxError(f"running as root, but no Python among {candidates} can be run by an unprivileged uid "
                        f"({UID_BASE}); install a system python3 (apt-get install python3) or run as a non-root user")
+
+
+def _check_uid_range() -> None:
+    """Every per-call uid (UID_BASE + any pid) must exist in this user namespace, else SandboxError: a root
+    inside a container whose user namespace maps fewer uids (rootless, userns-remap) cannot switch to them."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            last = UID_BASE + int(f.read())
+        with open("/proc/self/uid_map") as f:
+            spans = [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return  # no /proc to read: the uid switch itself will fail the run if the uid does not exist
+    if not any(inside <= UID_BASE and last < inside + count for inside, _, count in spans):
+        raise SandboxError(f"running as root in a user namespace that does not map uids {UID_BASE}-{last}, which "
+                           "the sandbox gives its calls; map them (e.g. a full uid_map), or run as a non-root user")
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:
