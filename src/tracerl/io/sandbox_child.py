@@ -21,7 +21,8 @@ MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1 
 # seccomp is an allowlist: the code may make only the syscalls below (what CPython needs to run stdlib code and use
 # its workdir, found by tracing it), each other one fails with EPERM. Left out on purpose, among others: every socket
 # call, SysV and POSIX IPC, memfd, chmod/chown/xattr/utime (Landlock does not mediate them), personality, fork,
-# exec, sessions, namespaces, mounts, ptrace, io_uring, bpf, keys, userfaultfd, perf. Some are checked by argument:
+# exec, sessions, namespaces, mounts, ptrace, io_uring, bpf, keys, userfaultfd, perf, flock (a lock on a readable
+# host file would hold up its other users; sqlite's fcntl locks still work). Some are checked by argument:
 # clone (threads only), signals (only to itself), ioctl and fcntl (a few requests), prlimit64 (only its own limits).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 ALLOWED = {
@@ -34,7 +35,7 @@ ALLOWED = {
                "readlinkat": 267, "getcwd": 79, "chdir": 80, "fchdir": 81, "mkdir": 83, "mkdirat": 258,
                "rmdir": 84, "unlink": 87, "unlinkat": 263, "rename": 82, "renameat": 264, "renameat2": 316,
                "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266, "truncate": 76, "ftruncate": 77,
-               "fsync": 74, "fdatasync": 75, "fallocate": 285, "flock": 73, "fadvise64": 221, "sendfile": 40,
+               "fsync": 74, "fdatasync": 75, "fallocate": 285, "fadvise64": 221, "sendfile": 40,
                "copy_file_range": 326, "statfs": 137, "fstatfs": 138, "umask": 95, "dup": 32, "dup2": 33,
                "dup3": 292, "pipe": 22, "pipe2": 293, "close_range": 436, "preadv": 295, "pwritev": 296,
                "preadv2": 327, "pwritev2": 328, "msync": 26, "sigaltstack": 131, "rt_sigpending": 127,
@@ -54,7 +55,7 @@ ALLOWED = {
                 "statx": 291, "faccessat": 48, "faccessat2": 439, "readlinkat": 78, "getcwd": 17, "chdir": 49,
                 "fchdir": 50, "mkdirat": 34, "unlinkat": 35, "renameat": 38, "renameat2": 276, "linkat": 37,
                 "symlinkat": 36, "truncate": 45, "ftruncate": 46, "fsync": 82, "fdatasync": 83, "fallocate": 47,
-                "flock": 32, "fadvise64": 223, "sendfile": 71, "copy_file_range": 285, "statfs": 43,
+                "fadvise64": 223, "sendfile": 71, "copy_file_range": 285, "statfs": 43,
                 "fstatfs": 44, "umask": 166, "dup": 23, "dup3": 24, "pipe2": 59, "close_range": 436, "preadv": 69,
                 "pwritev": 70, "preadv2": 286, "pwritev2": 287, "msync": 227, "sigaltstack": 132,
                 "rt_sigpending": 136, "rt_sigsuspend": 133, "rt_sigtimedwait": 137, "set_robust_list": 99,
