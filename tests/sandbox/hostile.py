@@ -83,6 +83,11 @@ HARDENING = {
         "print('made', made, ctypes.get_errno())\n"
         "raise SystemExit(1)  # judged by what is left on the host\n"
     ),
+    # the host's process list: command lines carry paths, hosts and sometimes keys
+    "host_processes": (
+        "import os\n"
+        "print('ESCAPED', open('/proc/{pid}/cmdline').read())\n"
+    ),
     "dev_shm": "open('/dev/shm/tracerl-pwned-{key}', 'w').write('x' * 4096)\nprint('ESCAPED /dev/shm')\n",
     # memfd pages are charged to no rlimit (each file stays under RLIMIT_FSIZE): 420 MB held under a limit of
     # 256 MB (and 64 MB of disk)

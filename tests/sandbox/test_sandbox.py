@@ -254,6 +254,7 @@ def test_every_layer_the_host_supports_is_active(active_layers):
                  "landlock": landlock_abi() >= 1, "netns": netns_available(), "ipcns": namespace_available(0x08000000),
                  "pidns": namespace_available(0x20000000), "disk_quota": namespace_available(0x00020000),
                  "readonly_fs": namespace_available(0x00020000),
+                 "procfs": namespace_available(0x20000000) and namespace_available(0x00020000),
                  "seccomp": seccomp_available(), "cgroup": cgroups_writable()}
     assert set(active_layers) == {layer for layer, ok in supported.items() if ok}
 

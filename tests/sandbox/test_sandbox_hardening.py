@@ -105,6 +105,16 @@ def test_hostile_program_is_contained_with_every_layer(name, disable, outside, s
     assert_contained(result, spawned)
 
 
+def test_the_host_process_list_is_hidden_without_landlock(outside, spawned):  # noqa: F811
+    """A /proc of the call's own PID namespace: the host's command lines are not there to read."""
+    result = run("host_processes", outside, disable=("audit_hook", "landlock"), limits=HOSTILE_LIMITS)
+    if "procfs" not in result.layers:
+        pytest.skip("this host does not let the sandbox mount a /proc of its own")
+    check_host("host_processes", result, outside)
+    assert "FileNotFoundError" in result.stderr, result.observation()
+    assert_contained(result, spawned)
+
+
 def test_the_hook_switched_off_by_the_code_leaves_every_guarantee(outside, spawned):  # noqa: F811
     """The code itself switches the audit hook off (HOOK_BYPASS, pure Python), then tries everything."""
     result = run("hook_bypass", outside, limits=HOSTILE_LIMITS)

@@ -14,7 +14,7 @@ import _posixsubprocess, _signal
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
 CLONE_NEWIPC = 0x08000000
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, atime flags: statvfs and MS_ agree
 MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64 and arm64
 
@@ -450,6 +450,9 @@ def setup(cfg):
         child = os.fork()  # the child is the namespace's init (pid 1); this process only waits for it
         if child:
             reap_and_mirror(child, cfg["cpu_seconds"])
+        if {"readonly_fs", "disk_quota"} & set(layers) and libc.mount(
+                b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
+            layers.append("procfs")  # /proc shows the namespace's processes only, not the host's command lines
     set_limit(resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)
     set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
     set_limit(resource.RLIMIT_NPROC, cfg["max_processes"])
