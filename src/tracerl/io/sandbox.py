@@ -17,7 +17,8 @@ applies these layers before the model's code runs; each one that took effect is 
   itself. So the code is one process, and its limits bind the whole run.
 - `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
   the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
-  the namespace, so no descendant outlives the call (a child in a new session included).
+  the namespace, so no descendant outlives the call (a child in a new session included). `procfs`: with a
+  mount namespace too, a /proc of that PID namespace, so the host's processes and command lines are not there.
 - `netns`: only a loopback that is down: no packet leaves, nothing on the host's 127.0.0.1 and no abstract
   unix socket of the host is reachable. `ipcns`: SysV objects and POSIX message queues of its own, which
   die with the call, so nothing passes from one rollout to the next through them.
