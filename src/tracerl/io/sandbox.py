@@ -376,6 +376,19 @@ def _cgroup_parents() -> tuple[tuple[str, str], ...]:
     return ()
 
 
+def _sweep_cgroups(parents: tuple[tuple[str, str], ...]) -> None:
+    """Remove the empty cgroups of sandbox callers that died mid-call (killed before their cleanup ran)."""
+    for _, parent in parents:
+        for entry in os.scandir(parent):
+            fields = entry.name.split("-")
+            if fields[:2] == ["tracerl", "sandbox"] and len(fields) == 4 and fields[2].isdigit():
+                if not os.path.exists(f"/proc/{fields[2]}"):
+                    try:
+                        os.rmdir(entry.path)
+                    except OSError:
+                        pass  # still has processes, or another sweeper got there first
+
+
 def _make_cgroups(limits: SandboxLimits) -> list[str]:
     """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
     charged to it) and processes (threads and the launcher included); [] when the host offers none."""
@@ -384,7 +397,10 @@ def _make_cgroups(limits: SandboxLimits) -> list[str]:
                 "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
                 "pids": {"pids.max": limits.max_processes}}
     made = []
-    name = f"tracerl-sandbox-{os.getpid()}-{next(_CGROUP_SERIAL)}"
+    serial = next(_CGROUP_SERIAL)
+    if serial == 0:
+        _sweep_cgroups(_cgroup_parents())
+    name = f"tracerl-sandbox-{os.getpid()}-{serial}"
     try:
         for kind, parent in _cgroup_parents():
             directory = os.path.join(parent, name)
