@@ -508,6 +508,7 @@ def _remove_tree(path: str) -> None:
                     flat = os.path.join(root, f".tracerl-flat-{len(todo)}")
                     while os.path.lexists(flat):
                         flat += "x"
+                    os.chmod(entry.path, 0o700)  # moving a directory rewrites its "..": without root, needs w
                     os.rename(entry.path, flat)
                     todo.append(flat)
         for directory in reversed(todo):  # all empty now, root last
