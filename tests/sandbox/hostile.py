@@ -88,6 +88,17 @@ HARDENING = {
         "import os\n"
         "print('ESCAPED', open('/proc/{pid}/cmdline').read())\n"
     ),
+    # a 32-bit syscall (int 0x80) from 64-bit code is another architecture for seccomp: the filter must not let its
+    # numbers through as if they were x86_64's
+    "foreign_abi": (
+        "import ctypes, mmap, os\n"
+        "if os.uname().machine != 'x86_64':\n"
+        "    raise SystemExit(1)\n"
+        "page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))  # mov eax, 20 (getpid); int 0x80; ret\n"
+        "address = ctypes.addressof(ctypes.c_char.from_buffer(page))\n"
+        "print('ESCAPED i386 getpid returned', ctypes.CFUNCTYPE(ctypes.c_int)(address)())\n"
+    ),
     "dev_shm": "open('/dev/shm/tracerl-pwned-{key}', 'w').write('x' * 4096)\nprint('ESCAPED /dev/shm')\n",
     # memfd pages are charged to no rlimit (each file stays under RLIMIT_FSIZE): 420 MB held under a limit of
     # 256 MB (and 64 MB of disk)
@@ -123,7 +134,13 @@ HARDENING = {
         "    'perf_event_open': (241 if arm else 298, params, 0, -1, -1, 0),\n"
         "    'mq_open': (180 if arm else 240, b'tracerl', 0o100 | 2, 0o666, 0),\n"
         "    'pidfd_open': (434, {pid}, 0),\n"
+        "    'mount': (40 if arm else 165, b'none', b'/tmp', b'tmpfs', 0, 0),\n"
+        "    'open_by_handle_at': (265 if arm else 304, -100, params, 0),\n"
+        "    'clone_process': (220 if arm else 56, 17, 0, 0, 0, 0),  # a fork: both would print\n"
+        "    'socketpair': (199 if arm else 53, 1, 1, 0, params),\n"
         "}}\n"
+        "if not arm:\n"
+        "    calls['x32_socket'] = (0x40000000 + 41, 1, 1, 0)\n"
         "for name, (nr, *args) in calls.items():\n"
         "    if libc.syscall(nr, *args) >= 0:\n"
         "        print('ESCAPED', name)\n"

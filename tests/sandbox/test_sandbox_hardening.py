@@ -218,6 +218,7 @@ BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which 
     "memfd_memory": ("seccomp", "cgroup"),
     "personality": ("seccomp",),
     "kernel_interfaces": ("seccomp",),
+    "foreign_abi": ("seccomp",),
 }
 
 
