@@ -331,7 +331,8 @@ def test_seccomp_tables_match_the_kernel_headers():
     """The syscall numbers are typed in (the child imports nothing outside the stdlib); check them against this
     machine's headers when it has them."""
     child = sandbox_child()
-    headers = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "aarch64": "/usr/include/asm-generic/unistd.h"}
+    headers = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+               "aarch64": "/usr/include/asm-generic/unistd.h"}
     checked = 0
     for machine, path in headers.items():
         if not os.path.exists(path):

@@ -14,7 +14,8 @@ import _posixsubprocess, _signal
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
 CLONE_NEWIPC = 0x08000000
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
 KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, atime flags: statvfs and MS_ agree
 MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64 and arm64
 
@@ -275,7 +276,7 @@ def seccomp_program(machine, own_pid):
 
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     # the hot path first: the most frequent syscalls pass after a few comparisons
-    for name, nr in ALLOWED[machine].items():
+    for nr in ALLOWED[machine].values():
         prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ALLOW)]
     prog += when(nr_of["clone3"], [(RET, 0, 0, ERRNO | ENOSYS)])
     prog += when(nr_of["clone"], [(LD, 0, 0, 16), (JSET, 2, 0, NAMESPACE_FLAGS), (JSET, 0, 1, CLONE_THREAD),
@@ -375,10 +376,6 @@ def read_only_mounts(libc):
         if libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None) != 0:
             return False
     return True
-
-
-    if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
-        layers.append("pidns")
 
 
 def join_cgroups(cfg, layers):
