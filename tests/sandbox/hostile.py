@@ -88,6 +88,24 @@ HARDENING = {
         "import os\n"
         "print('ESCAPED', open('/proc/{pid}/cmdline').read())\n"
     ),
+    # leaving the call's cgroups, or raising their limits, would undo the per-call memory and process limits (only
+    # a sandbox's own cgroup is aimed at, so that a regression cannot lift the limits of the test run's cgroup)
+    "cgroup_escape": (
+        "import os\n"
+        "for line in open('/proc/self/cgroup').read().splitlines():\n"
+        "    _, controllers, path = line.split(':', 2)\n"
+        "    root = '/sys/fs/cgroup/' + (controllers.split(',')[0].replace('name=', '') or 'unified')\n"
+        "    own = [(root + path + '/pids.max', 'max'), (root + path + '/memory.limit_in_bytes', '-1'),\n"
+        "           (root + path + '/memory.max', 'max')] if 'tracerl-sandbox-' in path else []\n"
+        "    for target, text in [(root + '/cgroup.procs', '0')] + own:\n"
+        "        try:\n"
+        "            with open(target, 'w') as f:\n"
+        "                f.write(text)\n"
+        "            print('ESCAPED', target)\n"
+        "        except OSError as exc:\n"
+        "            pass\n"
+        "raise SystemExit(1)\n"
+    ),
     # a 32-bit syscall (int 0x80) from 64-bit code is another architecture for seccomp: the filter must not let its
     # numbers through as if they were x86_64's
     "foreign_abi": (

@@ -219,6 +219,7 @@ BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which 
     "personality": ("seccomp",),
     "kernel_interfaces": ("seccomp",),
     "foreign_abi": ("seccomp",),
+    "cgroup_escape": ("readonly_fs", "uid_drop", "landlock"),
 }
 
 

@@ -31,7 +31,8 @@ applies these layers before the model's code runs; each one that took effect is 
 - `cgroup` (where the caller's cgroup lets it make children: v2 with memory and pids delegated, or v1
   memory and pids): the call's own cgroups, nested under the caller's, with memory.max = memory_mb +
   max_disk_mb (tmpfs pages are charged to their writer, so the workdir's files count) and pids.max =
-  max_processes (threads and the launcher included).
+  max_processes (threads and the launcher included). The code cannot leave them or raise their limits: the
+  cgroup files are root's (uid drop), read-only (readonly_fs) and outside Landlock's write roots.
 - `uid_drop` (only when the caller is root): the code runs as a uid of its own, UID_BASE + the launcher's
   pid, with no groups: file permissions and signal rules protect the host, and RLIMIT_NPROC (counted per
   uid) is the call's alone. Interpreters under /root (pyenv) are unreadable by it, so the sandbox then
