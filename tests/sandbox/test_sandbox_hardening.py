@@ -364,3 +364,42 @@ def test_root_in_a_user_namespace_without_the_per_call_uids_is_refused(uid_map, 
     else:
         with pytest.raises(sandbox.SandboxError, match="does not map uids 2000000000-2004194304"):
             sandbox._check_uid_range()
+
+
+V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1_MOUNTS = ("35 25 0:30 / /sys/fs/cgroup/memory rw,nosuid shared:15 - cgroup cgroup rw,memory\n"
+             "36 25 0:31 / /sys/fs/cgroup/pids rw,nosuid shared:16 - cgroup cgroup rw,pids\n")
+SCOPE = "/sys/fs/cgroup/user.slice/session-1.scope"
+
+
+@pytest.mark.parametrize("mountinfo,cgroup,delegated,expected", [
+    (V2_MOUNT, "0::/user.slice/session-1.scope\n", "cpu memory pids", (("v2", SCOPE),)),
+    (V2_MOUNT, "0::/user.slice/session-1.scope\n", "cpu", ()),  # memory and pids not delegated to children
+    (V1_MOUNTS, "5:memory:/job\n4:pids:/\n0::/\n", "", (("memory", "/sys/fs/cgroup/memory/job"),
+                                                        ("pids", "/sys/fs/cgroup/pids"))),
+    (V1_MOUNTS.splitlines()[0] + "\n", "5:memory:/job\n0::/\n", "", ()),  # no pids controller
+])
+def test_cgroup_parents_are_found_under_the_callers_own(mountinfo, cgroup, delegated, expected, monkeypatch):
+    files = {"/proc/self/mountinfo": mountinfo, "/proc/self/cgroup": cgroup,
+             SCOPE + "/cgroup.subtree_control": delegated}
+
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(sandbox, "open", fake_open, raising=False)
+    monkeypatch.setattr(sandbox.os, "access", lambda path, mode: True)
+    sandbox._cgroup_parents.cache_clear()
+    try:
+        assert sandbox._cgroup_parents() == expected
+    finally:
+        sandbox._cgroup_parents.cache_clear()
+
+
+def test_a_v2_cgroup_gets_memory_with_the_disk_and_pids_with_the_launcher(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: (("v2", str(tmp_path)),))
+    made = sandbox._make_cgroups(SandboxLimits(memory_mb=256, max_disk_mb=64, max_processes=32))
+    assert len(made) == 1 and os.path.dirname(made[0]) == str(tmp_path)
+    values = {name: Path(made[0], name).read_text() for name in os.listdir(made[0])}
+    assert values == {"memory.max": str(320 << 20), "memory.swap.max": "0", "pids.max": "32"}, values
