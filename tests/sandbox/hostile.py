@@ -315,7 +315,7 @@ class Host:
 
     def problems(self, stdout: str) -> list:
         found = []
-        if "ESCAPED" in stdout or "42" in stdout or "pwned-by-shell" in stdout:
+        if "ESCAPED" in stdout or "the answer is 42" in stdout or "pwned-by-shell" in stdout:
             found.append("got through: " + stdout[:200])
         if sorted(os.listdir(self.outside)) != ["secret.txt"]:
             found.append("wrote outside: %s" % sorted(os.listdir(self.outside)))

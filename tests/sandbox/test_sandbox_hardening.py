@@ -157,27 +157,34 @@ def test_the_call_waits_for_a_process_that_is_slow_to_die(spawned):  # noqa: F81
     frozen.mkdir()
     thawed_at = []
 
-    def freeze_then_thaw():
-        deadline = time.monotonic() + 5
-        while not spawned and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)  # the code runs now
-        launcher = spawned[0][0]
-        for entry in filter(str.isdigit, os.listdir("/proc")):  # the code: the launcher's child, the PID ns init
+    def the_code() -> str | None:
+        """The launcher's child, the PID namespace's init, once it has started."""
+        for entry in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == launcher:
-                    (frozen / "cgroup.procs").write_text(entry)
-            except OSError:
+                if int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == spawned[0][0]:
+                    return entry
+            except (OSError, IndexError):
                 continue
+        return None
+
+    limits = SandboxLimits(wall_seconds=2.0)
+    started = time.monotonic()
+
+    def freeze_then_thaw():
+        while not (spawned and the_code()) and time.monotonic() < started + limits.wall_seconds - 0.5:
+            time.sleep(0.01)
+        if not (spawned and the_code()):
+            return
+        (frozen / "cgroup.procs").write_text(the_code())
         (frozen / "freezer.state").write_text("FROZEN")
-        time.sleep(3.0)
+        time.sleep(started + limits.wall_seconds + 3.0 - time.monotonic())  # well past the timeout and any settle
         thawed_at.append(time.monotonic())
         (frozen / "freezer.state").write_text("THAWED")
 
     helper = threading.Thread(target=freeze_then_thaw)
     helper.start()
     try:
-        result = run_python("while True:\n    pass\n", SandboxLimits(wall_seconds=1.5), _disable=HOOK_OFF)
+        result = run_python("while True:\n    pass\n", limits, _disable=HOOK_OFF)
         returned_at = time.monotonic()
         assert leftovers(spawned) == [], leftovers(spawned)
     finally:
@@ -189,7 +196,8 @@ def test_the_call_waits_for_a_process_that_is_slow_to_die(spawned):  # noqa: F81
                 break
             except OSError:
                 time.sleep(0.01)
-    assert result.timed_out and thawed_at and returned_at > thawed_at[0], "returned while the code was alive"
+    assert thawed_at, "the code's process was not found in time to freeze it"
+    assert result.timed_out and returned_at > thawed_at[0], "returned while the code was alive"
 
 
 def test_the_call_returns_only_when_every_process_is_gone(spawned):  # noqa: F811
