@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -223,12 +224,38 @@ def seccomp_available() -> bool:
         return any(line.startswith("Seccomp:") for line in f)
 
 
+def cgroups_writable() -> bool:
+    """A child cgroup with memory and pids limits can be made under this process's own (probed by making one)."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else ["v2"]:
+            own[controller] = path
+    v2 = Path("/sys/fs/cgroup") / own.get("v2", "/").lstrip("/")
+    if (v2 / "cgroup.subtree_control").exists() and {"memory", "pids"} <= set(
+            (v2 / "cgroup.subtree_control").read_text().split()):
+        candidates = [v2]
+    else:
+        candidates = [Path("/sys/fs/cgroup") / c / own.get(c, "/nowhere").lstrip("/") for c in ("memory", "pids")]
+    for parent in candidates:
+        probe = parent / f"tracerl-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError:
+            return False
+    return True
+
+
 def test_every_layer_the_host_supports_is_active(active_layers):
     """Each layer is on exactly when the host allows it (probed here independently of the sandbox)."""
     supported = {"rlimits": True, "audit_hook": True, "uid_drop": os.geteuid() == 0,
-                 "landlock": landlock_abi() >= 1, "netns": netns_available(),
+                 "userns": os.geteuid() != 0 and namespace_available(0x40000000),
+                 "landlock": landlock_abi() >= 1, "netns": netns_available(), "ipcns": namespace_available(0x08000000),
                  "pidns": namespace_available(0x20000000), "disk_quota": namespace_available(0x00020000),
-                 "seccomp": seccomp_available()}
+                 "readonly_fs": namespace_available(0x00020000),
+                 "procfs": namespace_available(0x20000000) and namespace_available(0x00020000),
+                 "seccomp": seccomp_available(), "cgroup": cgroups_writable()}
     assert set(active_layers) == {layer for layer, ok in supported.items() if ok}
 
 
@@ -331,8 +358,8 @@ def test_the_audit_hook_cannot_be_disarmed(name, tmp_path, spawned):
 # --- each OS layer on its own -------------------------------------------------------------------
 
 BLOCKED_BY = {  # which layers alone stop which snippet
-    "write_outside": ("audit_hook", "uid_drop", "landlock"),
-    "delete_outside": ("audit_hook", "uid_drop", "landlock"),
+    "write_outside": ("audit_hook", "uid_drop", "landlock", "readonly_fs"),
+    "delete_outside": ("audit_hook", "uid_drop", "landlock", "readonly_fs"),
     "read_outside": ("audit_hook", "uid_drop", "landlock"),
     "connect_localhost": ("audit_hook", "netns", "landlock"),
     "kill_parent": ("audit_hook", "uid_drop", "landlock"),
@@ -350,7 +377,7 @@ def test_each_layer_alone_blocks(name, layer, tmp_path, server, active_layers, s
     code = HOSTILE[name].format(path=str(tmp_path / "pwned.txt") if name == "write_outside" else str(target),
                                 port=server.getsockname()[1])
     result = run_python(code, QUICK, _disable=[x for x in LAYERS if x != layer])
-    assert result.layers == ("rlimits", layer), result.layers
+    assert tuple(x for x in result.layers if x != "userns") == ("rlimits", layer), result.layers
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"] and target.read_text() == "keep"
     assert "keep" not in result.stdout
     if name == "connect_localhost":

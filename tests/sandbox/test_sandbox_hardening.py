@@ -5,17 +5,20 @@ program runs with every layer on, then with only one of the layers that should s
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hostile import HARDENING
+from hostile import HARDENING, NEEDS_THREADS, THREAD_HOG, Host
 from test_sandbox import QUICK, assert_contained, leftovers, spawned  # noqa: F401 (spawned is a fixture)
 
 from tracerl.io import sandbox
@@ -41,6 +44,7 @@ def host_tmp(tmp_path_factory):
     fake = Path(tempfile.mkdtemp(prefix="tracerl-test-host-tmp-", dir="/tmp"))  # searchable by the sandbox user
     os.chmod(fake, 0o1777)
     real_mode = os.stat("/tmp").st_mode
+    tmp_path_factory.getbasetemp()  # pytest's own folder stays in the real /tmp
     old = tempfile.tempdir
     tempfile.tempdir = str(fake)
     sandbox._private_parent.cache_clear()
@@ -68,30 +72,143 @@ def outside(tmp_path):
     os.chmod(tmp_path, 0o777)  # nothing but the sandbox's layers may keep the code out
     os.chmod(tmp_path / "secret.txt", 0o666)
     victim = subprocess.Popen(["sleep", "60"])
-    yield tmp_path, victim
+    host = Host(str(tmp_path), victim.pid)
+    yield tmp_path, victim, host
+    host.close()
     victim.kill()
     victim.wait()
 
 
-def run(name: str, outside_dir: Path, victim, disable=(), limits=QUICK):
-    code = HARDENING[name].format(dir=str(outside_dir), pid=victim.pid)
-    return run_python(code, limits, _disable=disable)
+def run(name: str, outside, disable=(), limits=QUICK):
+    _, _, host = outside
+    return run_python(HARDENING[name].format(**host.fields()), limits, _disable=disable)
 
 
-def check_host(name, result, outside_dir, victim):
-    assert sorted(p.name for p in outside_dir.iterdir()) == ["secret.txt"], f"{name} wrote outside"
-    assert "42" not in result.stdout and "pwned-by-shell" not in result.stdout, f"{name} got through"
+def check_host(name, result, outside):
+    _, victim, host = outside
+    problems = host.problems(result.stdout)
+    host.reset()
+    assert not problems, f"{name}: {problems}"
     assert victim.poll() is None, f"{name} killed a process outside the sandbox"
 
 
+HOSTILE_LIMITS = SandboxLimits(wall_seconds=2.0, memory_mb=256)  # memfd_memory holds 420 MB: above 256 + 64 of disk
+HOOK_OFF = ("audit_hook",)  # as if the code had switched the hook off: no guarantee may rest on it
+
+
+@pytest.mark.parametrize("disable", [(), HOOK_OFF], ids=["all_layers", "hook_off"])
 @pytest.mark.parametrize("name", sorted(HARDENING))
-def test_hostile_program_is_contained_with_every_layer(name, outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
-    limits = SandboxLimits(wall_seconds=2.0, memory_mb=256)
-    result = run(name, outside_dir, victim, limits=limits)
-    check_host(name, result, outside_dir, victim)
-    assert "seccomp" in result.layers and result.seconds < limits.wall_seconds + 2
+def test_hostile_program_is_contained_with_every_layer(name, disable, outside, spawned):  # noqa: F811
+    result = run(name, outside, disable, limits=HOSTILE_LIMITS)
+    check_host(name, result, outside)
+    assert "seccomp" in result.layers and result.seconds < HOSTILE_LIMITS.wall_seconds + 2
     assert_contained(result, spawned)
+
+
+def test_the_host_process_list_is_hidden_without_landlock(outside, spawned):  # noqa: F811
+    """A /proc of the call's own PID namespace: the host's command lines are not there to read."""
+    result = run("host_processes", outside, disable=("audit_hook", "landlock"), limits=HOSTILE_LIMITS)
+    if "procfs" not in result.layers:
+        pytest.skip("this host does not let the sandbox mount a /proc of its own")
+    check_host("host_processes", result, outside)
+    assert "FileNotFoundError" in result.stderr, result.observation()
+    assert_contained(result, spawned)
+
+
+def test_the_hook_switched_off_by_the_code_leaves_every_guarantee(outside, spawned):  # noqa: F811
+    """The code itself switches the audit hook off (HOOK_BYPASS, pure Python), then tries everything."""
+    result = run("hook_bypass", outside, limits=HOSTILE_LIMITS)
+    if "hook off: True" not in result.stdout:
+        pytest.skip(f"the bypass does not work on this interpreter: {result.observation()[-300:]}")
+    denied = [line for line in result.stdout.splitlines() if line.startswith("denied ")]
+    assert "audit_hook" in result.layers and len(denied) == 10, result.stdout
+    check_host("hook_bypass", result, outside)
+    assert_contained(result, spawned)
+
+
+@pytest.mark.parametrize("alone", [None, "cgroup", "uid_drop"])
+def test_threads_of_one_sandbox_leave_the_others_their_process_limit(alone, outside, spawned):  # noqa: F811
+    """Two sandboxes side by side: one holds every thread it can get, the other still starts its eight; with
+    every layer on but the hook, and with only the cgroup's or only the per-call uid's process limit."""
+    disable = HOOK_OFF if alone is None else [x for x in LAYERS if x != alone]
+    if alone and alone not in run_python("pass").layers:
+        pytest.skip(f"layer {alone} is not available on this host")
+    hog_done = []
+    limits = SandboxLimits(wall_seconds=6.0, max_processes=64)
+    hog = threading.Thread(target=lambda: hog_done.append(run_python(THREAD_HOG, limits, _disable=disable)))
+    hog.start()
+    time.sleep(2.5)  # the hog has started and taken its threads
+    other = run_python(NEEDS_THREADS, SandboxLimits(wall_seconds=3.0), _disable=disable)
+    hog.join()
+    assert hog_done[0].stdout.startswith("threads "), hog_done[0]
+    assert other.ok and other.stdout == "threads ok\n", (other, hog_done[0].stdout)
+    assert int(hog_done[0].stdout.split()[1]) < 64, "the hog got more threads than its process limit"
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.mark.skipif(not (FREEZER / "cgroup.procs").exists() or not os.access(FREEZER, os.W_OK),
+                    reason="needs a writable cgroup v1 freezer (its frozen tasks do not die of SIGKILL until thawed)")
+def test_the_call_waits_for_a_process_that_is_slow_to_die(spawned):  # noqa: F811
+    """The code's process (not its launcher) is frozen, so the kill at the timeout takes effect only when a thread
+    here thaws it, seconds later: the call must return after that, with nothing left, not after a fixed settle."""
+    frozen = FREEZER / f"tracerl-test-{os.getpid()}"
+    frozen.mkdir()
+    thawed_at = []
+
+    def the_code() -> str | None:
+        """The launcher's child, the PID namespace's init, once it has started."""
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == spawned[0][0]:
+                    return entry
+            except (OSError, IndexError):
+                continue
+        return None
+
+    limits = SandboxLimits(wall_seconds=2.0)
+    started = time.monotonic()
+
+    def freeze_then_thaw():
+        while not (spawned and the_code()) and time.monotonic() < started + limits.wall_seconds - 0.5:
+            time.sleep(0.01)
+        if not (spawned and the_code()):
+            return
+        (frozen / "cgroup.procs").write_text(the_code())
+        (frozen / "freezer.state").write_text("FROZEN")
+        time.sleep(started + limits.wall_seconds + 3.0 - time.monotonic())  # well past the timeout and any settle
+        thawed_at.append(time.monotonic())
+        (frozen / "freezer.state").write_text("THAWED")
+
+    helper = threading.Thread(target=freeze_then_thaw)
+    helper.start()
+    try:
+        result = run_python("while True:\n    pass\n", limits, _disable=HOOK_OFF)
+        returned_at = time.monotonic()
+        assert leftovers(spawned) == [], leftovers(spawned)
+    finally:
+        helper.join()
+        (frozen / "freezer.state").write_text("THAWED")
+        for _ in range(500):  # the processes leave the cgroup as they die
+            try:
+                frozen.rmdir()
+                break
+            except OSError:
+                time.sleep(0.01)
+    assert thawed_at, "the code's process was not found in time to freeze it"
+    assert result.timed_out and returned_at > thawed_at[0], "returned while the code was alive"
+
+
+def test_the_call_returns_only_when_every_process_is_gone(spawned):  # noqa: F811
+    """Killed by the clock while many threads run and much memory is mapped: nothing of it may still run when
+    run_python returns (a fixed settle time after the kill is not enough on a loaded host)."""
+    code = ("import threading\nthreading.stack_size(1 << 16)\nx = bytearray(200 << 20)\n"
+            "for _ in range(40):\n    threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\n"
+            "while True:\n    pass\n")
+    for _ in range(3):
+        result = run_python(code, SandboxLimits(wall_seconds=1.0, memory_mb=512), _disable=HOOK_OFF)
+        assert result.timed_out and leftovers(spawned) == [], leftovers(spawned)
 
 
 BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which program
@@ -101,26 +218,34 @@ BLOCKED_BY = {  # which layers alone (besides the always-on rlimits) stop which 
     "kill_host": ("pidns", "seccomp", "uid_drop", "audit_hook"),
     "disk_fill": ("disk_quota",),
     "deep_tree": ("disk_quota",),
+    "chmod_outside": ("seccomp", "readonly_fs", "uid_drop"),
+    "unix_socket": ("seccomp",),
+    "abstract_socket": ("seccomp", "netns"),
+    "sysv_ipc": ("seccomp", "ipcns"),
+    "dev_shm": ("readonly_fs", "landlock"),
+    "memfd_memory": ("seccomp", "cgroup"),
+    "personality": ("seccomp",),
+    "kernel_interfaces": ("seccomp",),
+    "foreign_abi": ("seccomp",),
+    "cgroup_escape": ("readonly_fs", "uid_drop", "landlock"),
 }
 
 
 @pytest.mark.parametrize("name,layer", [(n, layer) for n, layers in BLOCKED_BY.items() for layer in layers])
 def test_each_layer_alone_contains(name, layer, outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
     active = run_python("pass").layers
     if layer not in active:
         pytest.skip(f"layer {layer} is not available on this host")
-    result = run(name, outside_dir, victim, disable=[x for x in LAYERS if x != layer])
-    assert result.layers == ("rlimits", layer), result.layers
-    check_host(name, result, outside_dir, victim)
+    result = run(name, outside, disable=[x for x in LAYERS if x != layer], limits=HOSTILE_LIMITS)
+    assert tuple(x for x in result.layers if x != "userns") == ("rlimits", layer), result.layers
+    check_host(name, result, outside)
     if name == "disk_fill":
         assert "disk quota of 64 MB" in (result.error or ""), result
     assert_contained(result, spawned)
 
 
 def test_without_tmpfs_the_disk_quota_is_checked_after_the_run(outside, spawned):  # noqa: F811
-    outside_dir, victim = outside
-    result = run("disk_fill", outside_dir, victim, disable=("disk_quota",))
+    result = run("disk_fill", outside, disable=("disk_quota",))
     assert result.error and "disk quota of 64 MB" in result.error, (result.error, result.stderr)
     assert_contained(result, spawned)
 
@@ -147,7 +272,7 @@ def test_cleanup_removes_a_deep_locked_tree_and_never_touches_the_parent(tmp_pat
     assert stat.S_IMODE(os.stat(parent).st_mode) == 0o1777, "cleanup changed the parent's mode"
 
 
-def test_seccomp_program_denies_by_argument():
+def sandbox_child():
     child = sys.modules.get("tracerl_sandbox_child")
     if child is None:
         import importlib.util
@@ -155,14 +280,134 @@ def test_seccomp_program_denies_by_argument():
                                                       Path(sandbox.__file__).with_name("sandbox_child.py"))
         child = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(child)
-    for machine in child.SYSCALLS:
-        prog = child.seccomp_program(machine, 1)
-        assert len(prog) < 256 and prog[-1] == (0x06, 0, 0, 0x7FFF0000), "the filter must end in ALLOW"
-        for code, jt, jf, _ in prog:
-            assert code != 0x15 or (jt, jf) in ((0, 1), (1, 0), (0, 4)), "jump offsets out of the blocks"
+        sys.modules["tracerl_sandbox_child"] = child
+    return child
+
+
+def run_filter(prog, arch: int, nr: int, args=(0,) * 6) -> int:
+    """Evaluate a classic-BPF seccomp program on one syscall, as the kernel would (the instructions it uses)."""
+    data = {0: nr & 0xFFFFFFFF, 4: arch} | {16 + 8 * i: a & 0xFFFFFFFF for i, a in enumerate(args)}
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:  # LD word at offset k
+            acc, pc = data.get(k, 0), pc + 1
+        elif code in (0x15, 0x45):  # JEQ, JSET
+            taken = acc == k if code == 0x15 else bool(acc & k)
+            pc += 1 + (jt if taken else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x} at {pc}")
+
+
+ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_seccomp_program_is_an_allowlist(machine):
+    child = sandbox_child()
+    prog = child.seccomp_program(machine, 1)
+    arch, allowed, by_arg = child.AUDIT_ARCH[machine], child.ALLOWED[machine], child.BY_ARGUMENT[machine]
+    assert len(prog) <= 4096 and prog[-1] == (0x06, 0, 0, EPERM), "the filter must end in EPERM"
+    for pc, (code, jt, jf, _) in enumerate(prog):
+        assert code not in (0x15, 0x45) or pc + 1 + max(jt, jf) < len(prog), f"jump out of the program at {pc}"
+    for name, nr in allowed.items():
+        assert run_filter(prog, arch, nr) == ALLOW, name
+    known = set(allowed.values()) | set(by_arg.values())
+    denied = [nr for nr in range(0, 460) if nr not in known]
+    assert all(run_filter(prog, arch, nr) == EPERM for nr in denied)
+    assert run_filter(prog, arch, allowed["read"] | 0x40000000) == EPERM, "x32 numbers must not pass"
+    assert run_filter(prog, 0x40000003, allowed["read"]) == KILL, "a foreign architecture must be killed"
+    assert run_filter(prog, arch, by_arg["clone3"]) == ENOSYS
+    thread = 0x003D0F00  # glibc's pthread_create flags
+    assert run_filter(prog, arch, by_arg["clone"], (thread,)) == ALLOW
+    assert run_filter(prog, arch, by_arg["clone"], (0x11,)) == EPERM, "fork through clone must be denied"
+    assert run_filter(prog, arch, by_arg["clone"], (thread | 0x40000000,)) == EPERM, "a thread in a new netns"
+    for name in child.SIGNAL_CALLS:
+        assert run_filter(prog, arch, by_arg[name], (1, 9)) == ALLOW
+        assert run_filter(prog, arch, by_arg[name], (2, 9)) == EPERM
+        assert run_filter(prog, arch, by_arg[name], (-1, 9)) == EPERM
+    assert run_filter(prog, arch, by_arg["ioctl"], (1, 0x5401)) == ALLOW
+    assert run_filter(prog, arch, by_arg["ioctl"], (0, 0x5412)) == EPERM, "TIOCSTI must be denied"
+    assert run_filter(prog, arch, by_arg["fcntl"], (3, 1030)) == ALLOW
+    assert run_filter(prog, arch, by_arg["fcntl"], (3, 8)) == EPERM, "F_SETOWN must be denied"
+    assert run_filter(prog, arch, by_arg["prlimit64"], (0, 7)) == ALLOW
+    assert run_filter(prog, arch, by_arg["prlimit64"], (5, 7)) == EPERM
+
+
+def test_seccomp_tables_match_the_kernel_headers():
+    """The syscall numbers are typed in (the child imports nothing outside the stdlib); check them against this
+    machine's headers when it has them."""
+    child = sandbox_child()
+    headers = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+               "aarch64": "/usr/include/asm-generic/unistd.h"}
+    checked = 0
+    for machine, path in headers.items():
+        if not os.path.exists(path):
+            continue
+        text = Path(path).read_text()
+        numbers = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+) (\d+)", text)}
+        numbers.setdefault("newfstatat", numbers.get("fstatat"))
+        for name, nr in (child.ALLOWED[machine] | child.BY_ARGUMENT[machine]).items():
+            assert numbers.get(name) == nr, f"{machine} {name}: {nr} in the table, {numbers.get(name)} in {path}"
+            checked += 1
+    if not checked:
+        pytest.skip("no kernel headers on this machine")
 
 
 def test_a_sandbox_still_starts_fast():
     started = time.monotonic()
     result = run_python("print(6 * 7)")
     assert result.ok and result.stdout == "42\n" and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("uid_map,ok", [("0 0 4294967295\n", True), ("0 100000 65536\n", False),
+                                        ("0 0 65536\n2000000000 3000000000 5000000\n", True)])
+def test_root_in_a_user_namespace_without_the_per_call_uids_is_refused(uid_map, ok, monkeypatch):
+    files = {"/proc/sys/kernel/pid_max": "4194304\n", "/proc/self/uid_map": uid_map}
+    monkeypatch.setattr(sandbox, "open", lambda path, *a, **k: io.StringIO(files[path]), raising=False)
+    if ok:
+        sandbox._check_uid_range()
+    else:
+        with pytest.raises(sandbox.SandboxError, match="does not map uids 2000000000-2004194304"):
+            sandbox._check_uid_range()
+
+
+V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1_MOUNTS = ("35 25 0:30 / /sys/fs/cgroup/memory rw,nosuid shared:15 - cgroup cgroup rw,memory\n"
+             "36 25 0:31 / /sys/fs/cgroup/pids rw,nosuid shared:16 - cgroup cgroup rw,pids\n")
+SCOPE = "/sys/fs/cgroup/user.slice/session-1.scope"
+
+
+@pytest.mark.parametrize("mountinfo,cgroup,delegated,expected", [
+    (V2_MOUNT, "0::/user.slice/session-1.scope\n", "cpu memory pids", (("v2", SCOPE),)),
+    (V2_MOUNT, "0::/user.slice/session-1.scope\n", "cpu", ()),  # memory and pids not delegated to children
+    (V1_MOUNTS, "5:memory:/job\n4:pids:/\n0::/\n", "", (("memory", "/sys/fs/cgroup/memory/job"),
+                                                        ("pids", "/sys/fs/cgroup/pids"))),
+    (V1_MOUNTS.splitlines()[0] + "\n", "5:memory:/job\n0::/\n", "", ()),  # no pids controller
+])
+def test_cgroup_parents_are_found_under_the_callers_own(mountinfo, cgroup, delegated, expected, monkeypatch):
+    files = {"/proc/self/mountinfo": mountinfo, "/proc/self/cgroup": cgroup,
+             SCOPE + "/cgroup.subtree_control": delegated}
+
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(sandbox, "open", fake_open, raising=False)
+    monkeypatch.setattr(sandbox.os, "access", lambda path, mode: True)
+    sandbox._cgroup_parents.cache_clear()
+    try:
+        assert sandbox._cgroup_parents() == expected
+    finally:
+        sandbox._cgroup_parents.cache_clear()
+
+
+def test_a_v2_cgroup_gets_memory_with_the_disk_and_pids_with_the_launcher(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: (("v2", str(tmp_path)),))
+    made = sandbox._make_cgroups(SandboxLimits(memory_mb=256, max_disk_mb=64, max_processes=32))
+    assert len(made) == 1 and os.path.dirname(made[0]) == str(tmp_path)
+    values = {name: Path(made[0], name).read_text() for name in os.listdir(made[0])}
+    assert values == {"memory.max": str(320 << 20), "memory.swap.max": "0", "pids.max": "32"}, values

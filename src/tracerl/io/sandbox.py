@@ -6,65 +6,82 @@ environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=T
 PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
 live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
 applies these layers before the model's code runs; each one that took effect is listed in
-`SandboxResult.layers`:
+`SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it switched off.
 
+- `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
+  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in the launcher);
+  every other one fails with EPERM: no socket or socketpair of any family, no SysV or POSIX IPC, no memfd,
+  no chmod/chown/xattr/utime (Landlock does not mediate them), no fork/exec/setsid, no personality,
+  namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd. clone passes
+  for threads only, signals only to itself, ioctl and fcntl only for a few requests, prlimit64 only on
+  itself. So the code is one process, and its limits bind the whole run.
 - `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
   the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
-  the namespace, so no descendant outlives the call (a child in a new session included).
-- `seccomp`: a BPF filter (x86_64, arm64): no fork/vfork/clone of processes (threads only), no exec, no
-  setsid/setpgid, no signal to any process but itself, no unshare/setns/mount/ptrace/io_uring/bpf. With it
-  the memory and process limits bind the whole run. The sandbox refuses to run without it (SandboxError).
-- `disk_quota`: a new mount namespace with a tmpfs over the workdir, capped at `max_disk_mb` and
-  `max_inodes` (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is
-  checked after the run and reported as an error.
-- Without root, the namespaces live in a new user namespace mapping only the caller's uid (capabilities
-  dropped); the code needs a uid drop or Landlock to be kept from the user's files, else SandboxError.
-
-- `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes
-  (per user), file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`),
-  open files, no core dumps. The parent adds a wall-clock timeout that SIGKILLs the whole process
-  group, and kills any member left in the group after the code exits (killed members that the code
-  forked stay zombies, running nothing, until init reaps them).
-- `netns`: `unshare(CLONE_NEWNET)` (as root; `CLONE_NEWUSER|CLONE_NEWNET` otherwise): the code sees only
-  a loopback that is down, so no packet leaves and nothing on the host's 127.0.0.1 is reachable.
-- `uid_drop` (only when the caller is root): setgid/setuid to `nobody` after chowning the workdir, so
-  file permissions and signal rules protect the host, and RLIMIT_NPROC (per user; root ignores it)
-  stops fork bombs. Interpreters under /root (pyenv) are unreadable by nobody, so the sandbox then
-  runs a system python3 that nobody can read (probed once); if there is none it raises SandboxError
-  rather than run model code as root.
+  the namespace, so no descendant outlives the call (a child in a new session included). `procfs`: with a
+  mount namespace too, a /proc of that PID namespace, so the host's processes and command lines are not there.
+- `netns`: only a loopback that is down: no packet leaves, nothing on the host's 127.0.0.1 and no abstract
+  unix socket of the host is reachable. `ipcns`: SysV objects and POSIX message queues of its own, which
+  die with the call, so nothing passes from one rollout to the next through them.
+- `readonly_fs`: a new mount namespace in which every mount is read-only (mount_setattr, or a bind
+  remount of each mount point before Linux 5.12) except the workdir: no file outside it can be written,
+  made, removed or chmod-ed, /dev/shm and /tmp included, whatever the uid and without Landlock.
+- `disk_quota`: a tmpfs over the workdir in that namespace, capped at `max_disk_mb` and `max_inodes`
+  (ENOSPC past them); it vanishes with the namespace. Without it the workdir's size is checked after the
+  run and reported as an error.
+- `cgroup` (where the caller's cgroup lets it make children: v2 with memory and pids delegated, or v1
+  memory and pids): the call's own cgroups, nested under the caller's, with memory.max = memory_mb +
+  max_disk_mb (tmpfs pages are charged to their writer, so the workdir's files count) and pids.max =
+  max_processes (threads and the launcher included). The code cannot leave them or raise their limits: the
+  cgroup files are root's (uid drop), read-only (readonly_fs) and outside Landlock's write roots.
+- `uid_drop` (only when the caller is root): the code runs as a uid of its own, UID_BASE + the launcher's
+  pid, with no groups: file permissions and signal rules protect the host, and RLIMIT_NPROC (counted per
+  uid) is the call's alone. Interpreters under /root (pyenv) are unreadable by it, so the sandbox then
+  runs a system python3 that it can read (probed once), or raises SandboxError rather than run as root.
+- `userns` (only without root): the namespaces live in a new user namespace mapping only the caller's uid
+  (capabilities dropped); since Linux 5.14 it also counts RLIMIT_NPROC for the call alone. The process
+  limit must be the call's own (`cgroup`, `uid_drop` or `userns` on Linux >= 5.14), else SandboxError.
 - `landlock` (Linux >= 5.13, any user): the kernel lets the code write only beneath its workdir, read
   only the interpreter's prefixes, /usr, /lib*, /etc and a few /dev files, execute nothing, and (ABI 4)
-  bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox.
-- `audit_hook` (always, Python >= 3.8): denies sockets, process creation, ctypes, kill() of other
-  processes, and file writes outside the workdir and reads outside the allowed roots.
+  bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox. A uid drop or
+  Landlock is required (else SandboxError): without either the code could read the caller's files.
+- `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes,
+  file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`), open files, no
+  core dumps. The parent adds a wall-clock timeout that SIGKILLs the whole process group (the PID
+  namespace's init included: seccomp keeps it in the group).
+- `audit_hook` (always, Python >= 3.8): a tripwire inside the code's process that denies sockets, process
+  creation, ctypes, kill() of other processes, and file writes outside the workdir and reads outside the
+  allowed roots, with readable errors. Code can switch it off (it lives in the code's own memory).
 
-Guarantees, when all layers are on (root on a recent kernel): the code cannot modify files outside
-its workdir, reach the network, signal or ptrace the trainer, outlive its wall-clock timeout, or take
-more CPU, memory, disk or processes than its limits; the caller gets a SandboxResult, never an
-exception, whatever the code does.
+`run_python` returns only when every process of the call is gone: after the kill it polls /proc until no
+member of the process group runs a thread, and the PID namespace's init is such a member until the kernel
+has reaped every other process of its namespace.
+
+Guarantees, when all layers are on (root, or a user namespace, on a recent kernel): the code cannot
+modify files outside its workdir, reach the network or any unix socket, share IPC objects with another
+call, signal or ptrace the trainer, outlive its wall-clock timeout, or take more CPU, memory (its files
+included), disk or processes than its limits, nor take them from another call; the caller gets a
+SandboxResult, never an exception, whatever the code does.
 
 What it does not guarantee:
-- It is not a VM or a container: the code shares the host kernel (a kernel exploit escapes it) and its
-  CPU caches (side channels), and it can read world-readable system files (/etc, /usr).
-- The audit hook is a tripwire, not a boundary: it runs inside the code's own process, and CPython
-  says hooks are no sandbox (for instance importlib can rebuild a builtin module the hook bans, such
-  as _posixsubprocess on Debian's python); the OS layers are the boundary.
-- Concurrent sandboxes all run as `nobody`: they share RLIMIT_NPROC and, with landlock off, could
-  read or signal each other.
-- Without root there is no uid drop: RLIMIT_NPROC counts all of the caller's processes, and with
-  landlock unavailable only the audit hook keeps the code from writing, reading or killing what the
-  caller's user can; with CLONE_NEWUSER refused too, only the hook blocks the network.
-- Landlock stops TCP only: UDP is stopped by the netns and the hook; unix sockets on the filesystem
-  (e.g. /var/run/docker.sock) by file permissions after the uid drop and the hook, not by the netns.
+- It is not a VM or a container: the code shares the host kernel (a kernel exploit escapes it, and every
+  allowed syscall is attack surface) and its CPU caches (side channels), and it can read world-readable
+  system files (/etc, /usr).
+- Code that needs a denied syscall fails with PermissionError: subprocess, multiprocessing, asyncio (its
+  event loop makes a socketpair), sockets, shutil.copy/copy2/copytree (they chmod), os.utime.
+- The per-call uid assumes no other program uses uids from UID_BASE on; concurrent calls in different PID
+  namespaces of one host (two containers sharing the host's uids) could draw the same uid. Root in a user
+  namespace that does not map those uids gets SandboxError.
+- Without a cgroup, memory is bounded per process (RLIMIT_AS) plus the tmpfs (max_disk_mb) and kernel
+  objects such as pipe buffers and thread stacks, not by one number.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import os
-import pwd
 import select
 import signal
 import stat
@@ -77,8 +94,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Collection
 
-# the switchable layers (rlimits are always on)
-LAYERS = ("netns", "pidns", "disk_quota", "seccomp", "uid_drop", "landlock", "audit_hook")
+# the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
+LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
+          "audit_hook")
+# as root, each call runs as a uid of its own: UID_BASE + the launcher's pid (a range no distribution hands out;
+# pids of live launchers differ, and a call returns only when all of its processes are gone)
+UID_BASE = 2_000_000_000
 
 
 class SandboxError(RuntimeError):
@@ -90,8 +111,8 @@ class SandboxError(RuntimeError):
 class SandboxLimits:
     wall_seconds: float = 5.0  # wall-clock timeout; the whole process group is SIGKILLed after it
     cpu_seconds: int = 5  # RLIMIT_CPU: SIGXCPU at this many CPU seconds, SIGKILL one second later
-    memory_mb: int = 512  # RLIMIT_AS: address space; Python needs ~30 MB to start
-    max_processes: int = 64  # RLIMIT_NPROC, per user (enforced after the uid drop; root ignores it)
+    memory_mb: int = 512  # RLIMIT_AS: address space; Python needs ~30 MB to start (cgroup: this + max_disk_mb)
+    max_processes: int = 64  # threads of the call (RLIMIT_NPROC of its own uid or user namespace; cgroup pids.max)
     max_file_mb: int = 8  # RLIMIT_FSIZE: largest file the code may write, stdout and stderr included
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_chars: int = 4000  # chars of stdout and of stderr kept (head and tail), the rest cut
@@ -148,24 +169,26 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     """
     assert isinstance(code, str), f"code must be str, got {type(code).__name__}"
     assert set(_disable) <= set(LAYERS), f"unknown layers in _disable: {set(_disable) - set(LAYERS)}"
-    python, uid, gid = _interpreter(drop=os.geteuid() == 0 and "uid_drop" not in _disable)
+    drop_uid = os.geteuid() == 0 and "uid_drop" not in _disable
+    python = _interpreter(drop=drop_uid)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
+    cgroups = [] if "cgroup" in _disable else _make_cgroups(limits)
     report, disk_error = {}, None
     try:
         files.extend(tempfile.TemporaryFile(dir=_private_parent()) for _ in range(4))
         source, out, err, status = files
-        if uid is not None:
-            os.chown(workdir, uid, gid)
         source.write(code.encode("utf-8", "surrogatepass"))
         source.seek(0)
-        config = {"workdir": workdir, "uid": uid, "gid": gid, "status_fd": status.fileno(),
+        config = {"workdir": workdir, "uid": None, "drop_uid": drop_uid, "uid_base": UID_BASE, "cgroups": cgroups,
+                  "status_fd": status.fileno(),
                   "disable": sorted(_disable), "cpu_seconds": limits.cpu_seconds,
                   "memory_bytes": limits.memory_mb << 20, "max_processes": limits.max_processes,
                   "max_file_bytes": limits.max_file_mb << 20, "max_open_files": limits.max_open_files,
                   "max_disk_bytes": limits.max_disk_mb << 20, "max_inodes": limits.max_inodes,
                   # the tests switch layers off one by one; real use needs a uid drop or Landlock for files
-                  "allow_unconfined_files": bool({"uid_drop", "landlock"} & set(_disable))}
+                  "allow_unconfined_files": bool({"uid_drop", "landlock"} & set(_disable)),
+                  "allow_shared_process_count": bool({"cgroup", "uid_drop"} & set(_disable))}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "PYTHONHASHSEED": "0"}
         start = time.monotonic()
@@ -178,6 +201,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             _kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot have been reused
             returncode = proc.wait()
         seconds = time.monotonic() - start
+        out_of_memory = _cgroup_oom(cgroups)
         status.seek(0)
         report = json.loads(status.read() or b"{}")
         stdout = _read_capped(out, limits)
@@ -188,6 +212,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         for f in files:
             f.close()
         _remove_tree(workdir)
+        _remove_cgroups(cgroups)
     if "setup_error" in report:
         raise SandboxError(f"sandbox launcher failed: {report['setup_error']}")
     if "layers" not in report and not timed_out:
@@ -197,14 +222,16 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=None if returncode < 0 else returncode, timed_out=timed_out,
         killed_by=killed_by, seconds=seconds, network_isolated="netns" in layers, layers=layers,
-        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr))
+        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr, out_of_memory))
 
 
 def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, returncode: int,
-                 stderr: str) -> str | None:
+                 stderr: str, out_of_memory: bool = False) -> str | None:
     """Name the limit that stopped the code, if one did."""
     if timed_out:
         return f"timed out after {limits.wall_seconds}s"
+    if out_of_memory and killed_by == "SIGKILL":  # the cgroup's OOM killer
+        return f"memory limit of {limits.memory_mb} MB (files in the workdir included) exceeded"
     if killed_by == "SIGXCPU":
         return f"CPU time limit of {limits.cpu_seconds}s exceeded"
     if killed_by == "SIGXFSZ":
@@ -222,16 +249,12 @@ def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, 
 
 
 @functools.cache
-def _interpreter(drop: bool) -> tuple[str, int | None, int | None]:
-    """(python, uid, gid) for the child: this interpreter and no uid drop unless we are root; as root,
-    the first interpreter that `nobody` can start and import the stdlib with (sys.executable first)."""
+def _interpreter(drop: bool) -> str:
+    """The Python for the child: this interpreter unless we are root; as root, the first interpreter that a
+    uid of the sandbox's range (no home, no groups) can start and import the stdlib with (sys.executable first)."""
     if not drop:
-        return sys.executable, None, None
-    try:
-        entry = pwd.getpwnam("nobody")
-        uid, gid = entry.pw_uid, entry.pw_gid
-    except KeyError:
-        uid = gid = 65534
+        return sys.executable
+    _check_uid_range()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}",
                   "/usr/bin/python3", "/usr/local/bin/python3"]
@@ -240,14 +263,29 @@ def _interpreter(drop: bool) -> tuple[str, int | None, int | None]:
         if not os.path.exists(python):
             continue
         try:
-            done = subprocess.run([python, "-s", "-S", "-c", probe], user=uid, group=gid, extra_groups=[],
+            done = subprocess.run([python, "-s", "-S", "-c", probe], user=UID_BASE, group=UID_BASE, extra_groups=[],
                                   env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             continue
         if done.returncode == 0:
-            return python, uid, gid
-    raise SandboxError(f"running as root, but no Python among {candidates} can be run by nobody (uid {uid}); "
-                       "install a system python3 (apt-get install python3) or run as a non-root user")
+            return python
+    raise SandboxError(f"running as root, but no Python among {candidates} can be run by an unprivileged uid "
+                       f"({UID_BASE}); install a system python3 (apt-get install python3) or run as a non-root user")
+
+
+def _check_uid_range() -> None:
+    """Every per-call uid (UID_BASE + any pid) must exist in this user namespace, else SandboxError: a root
+    inside a container whose user namespace maps fewer uids (rootless, userns-remap) cannot switch to them."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            last = UID_BASE + int(f.read())
+        with open("/proc/self/uid_map") as f:
+            spans = [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return  # no /proc to read: the uid switch itself will fail the run if the uid does not exist
+    if not any(inside <= UID_BASE and last < inside + count for inside, _, count in spans):
+        raise SandboxError(f"running as root in a user namespace that does not map uids {UID_BASE}-{last}, which "
+                           "the sandbox gives its calls; map them (e.g. a full uid_map), or run as a non-root user")
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:
@@ -269,31 +307,140 @@ def _wait_for_exit(pid: int, timeout: float) -> bool:
         os.close(pidfd)
 
 
-def _kill_group(pgid: int, settle_seconds: float = 1.0) -> None:
-    """SIGKILL every process in the group, then wait (bounded) until none but the unreaped leader runs.
-    Killed members that the code forked stay zombies until init reaps them; they run nothing."""
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process in the group, then wait until none but the unreaped leader is alive: no fixed settle
+    time, since a killed process on a loaded host can take any time to go. The code's PID namespace init is in
+    the group (seccomp forbids leaving it), and it finishes dying only after the kernel has reaped every other
+    process of its namespace; a member counts as gone when it is a zombie with no thread left."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + settle_seconds
-    while _live_members(pgid) - {pgid} and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while _live_members(pgid) - {pgid}:
+        time.sleep(0.005)
 
 
 def _live_members(pgid: int) -> set[int]:
-    """Pids of the processes in process group `pgid` that are not zombies, read from /proc."""
+    """Pids of the processes in process group `pgid` that still run a thread, read from /proc."""
     members = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     state, _ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]  # after "pid (comm)"
+                if int(pgrp) == pgid and (state not in (b"Z", b"X") or len(os.listdir(f"/proc/{entry}/task")) > 1):
+                    members.add(int(entry))
+            except (OSError, ValueError):
+                continue
+    return members
+
+
+_CGROUP_SERIAL = itertools.count()
+
+
+@functools.cache
+def _cgroup_parents() -> tuple[tuple[str, str], ...]:
+    """Where this process may make child cgroups with memory and process limits: ("v2", dir) when its cgroup v2
+    group delegates both controllers to children, else ("memory", dir) and ("pids", dir) of cgroup v1; () when
+    neither is writable. The call's cgroups nest under the caller's own, so they stay inside its limits."""
+    mounts, own = {}, {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                fstype, options = fields[fields.index("-") + 1], fields[-1].split(",")
+                if fstype == "cgroup2":
+                    mounts.setdefault("v2", fields[4])
+                elif fstype == "cgroup":
+                    for controller in ("memory", "pids"):
+                        if controller in options:
+                            mounts.setdefault(controller, fields[4])
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for controller in controllers.split(",") if controllers else ["v2"]:
+                    own[controller] = path
+    except (OSError, ValueError):
+        return ()
+    if "v2" in mounts and "v2" in own:
+        parent = mounts["v2"] + own["v2"].rstrip("/")
+        try:
+            with open(parent + "/cgroup.subtree_control") as f:
+                delegated = set(f.read().split())
+        except OSError:
+            delegated = set()
+        if {"memory", "pids"} <= delegated and os.access(parent, os.W_OK):
+            return (("v2", parent),)
+    parents = tuple((c, mounts[c] + own[c].rstrip("/")) for c in ("memory", "pids") if c in mounts and c in own)
+    if len(parents) == 2 and all(os.access(d, os.W_OK) for _, d in parents):
+        return parents
+    return ()
+
+
+def _sweep_cgroups(parents: tuple[tuple[str, str], ...]) -> None:
+    """Remove the empty cgroups of sandbox callers that died mid-call (killed before their cleanup ran)."""
+    for _, parent in parents:
+        for entry in os.scandir(parent):
+            fields = entry.name.split("-")
+            if fields[:2] == ["tracerl", "sandbox"] and len(fields) == 4 and fields[2].isdigit():
+                if not os.path.exists(f"/proc/{fields[2]}"):
+                    try:
+                        os.rmdir(entry.path)
+                    except OSError:
+                        pass  # still has processes, or another sweeper got there first
+
+
+def _make_cgroups(limits: SandboxLimits) -> list[str]:
+    """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
+    charged to it) and processes (threads and the launcher included); [] when the host offers none."""
+    memory = (limits.memory_mb + limits.max_disk_mb) << 20
+    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes},
+                "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
+                "pids": {"pids.max": limits.max_processes}}
+    made = []
+    serial = next(_CGROUP_SERIAL)
+    if serial == 0:
+        _sweep_cgroups(_cgroup_parents())
+    name = f"tracerl-sandbox-{os.getpid()}-{serial}"
+    try:
+        for kind, parent in _cgroup_parents():
+            directory = os.path.join(parent, name)
+            os.mkdir(directory)
+            made.append(directory)
+            for key, value in settings[kind].items():
+                try:
+                    with open(os.path.join(directory, key), "w") as f:
+                        f.write(str(value))
+                except FileNotFoundError:
+                    if key not in ("memory.swap.max", "memory.memsw.limit_in_bytes"):  # no swap accounting
+                        raise
+    except OSError:
+        _remove_cgroups(made)
+        return []
+    return made
+
+
+def _cgroup_oom(cgroups: list[str]) -> bool:
+    """Whether the kernel's OOM killer acted in the call's memory cgroup."""
+    for directory in cgroups:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    counts = dict(line.split() for line in f if len(line.split()) == 2)
             except OSError:
                 continue
-            if int(pgrp) == pgid and state != b"Z":
-                members.add(int(entry))
-    return members
+            if int(counts.get("oom_kill", 0)) > 0:
+                return True
+    return False
+
+
+def _remove_cgroups(cgroups: list[str]) -> None:
+    """Remove the call's cgroups; they are empty, since every process of the call is gone."""
+    for directory in cgroups:
+        try:
+            os.rmdir(directory)
+        except OSError as exc:
+            warnings.warn(f"could not remove the sandbox's cgroup {directory}: {exc}", RuntimeWarning, stacklevel=3)
 
 
 def _read_capped(f: IO[bytes], limits: SandboxLimits) -> str:
@@ -362,6 +509,7 @@ def _remove_tree(path: str) -> None:
                     flat = os.path.join(root, f".tracerl-flat-{len(todo)}")
                     while os.path.lexists(flat):
                         flat += "x"
+                    os.chmod(entry.path, 0o700)  # moving a directory rewrites its "..": without root, needs w
                     os.rename(entry.path, flat)
                     todo.append(flat)
         for directory in reversed(todo):  # all empty now, root last

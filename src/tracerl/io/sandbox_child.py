@@ -3,36 +3,88 @@ applies the isolation layers to itself, then runs the model's code read from std
 
 It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib (it may run
 under a system python that cannot see tracerl). Setup errors go through the status fd and fail the run closed.
-Importing it as a module (for the tests of `seccomp_program`) runs nothing.
+Importing it as a module (for the tests of `seccomp_program`) runs nothing. The layers a test switches off come in
+the config and are applied before the code runs; the code cannot switch one off afterwards, except the audit hook,
+which lives in its own memory and is therefore only a tripwire.
 """
 
-import builtins, ctypes, json, linecache, os, resource, signal, sys, traceback, types
+import builtins, ctypes, json, linecache, os, re, resource, signal, sys, traceback, types
 import _posixsubprocess, _signal
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
+CLONE_NEWIPC = 0x08000000
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, atime flags: statvfs and MS_ agree
+MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64 and arm64
 
-# seccomp: syscalls the code may not make at all (EPERM), by architecture. No new sessions or process groups, no
-# new processes or programs, no namespaces, mounts, tracing or other processes' memory, no io_uring (its requests
-# bypass seccomp), no BPF or perf. Signals and clone are checked by argument in `seccomp_program`.
+# seccomp is an allowlist: the code may make only the syscalls below, each other one fails with EPERM. The list is
+# what `strace -f -c` saw CPython make while running a stdlib workload in its workdir (math, decimal, fractions,
+# statistics, json, re, random, datetime, threading and a thread pool, tempfile, gzip/zipfile/tarfile, sqlite3 on a
+# file, shutil.copyfile/move, mmap, select, signal.alarm, deep recursion, a MemoryError), plus the older and newer
+# variants of the same calls (stat/newfstatat/statx, open/openat, ...) so that another libc finds its own. Left out on purpose, among others: every socket
+# call, SysV and POSIX IPC, memfd, chmod/chown/xattr/utime (Landlock does not mediate them), personality, fork,
+# exec, sessions, namespaces, mounts, ptrace, io_uring, bpf, keys, userfaultfd, perf, flock (a lock on a readable
+# host file would hold up its other users; sqlite's fcntl locks still work). Some are checked by argument:
+# clone (threads only), signals (only to itself), ioctl and fcntl (a few requests), prlimit64 (only its own limits).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-SYSCALLS = {
-    "x86_64": {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "setsid": 112, "setpgid": 109,
-               "ptrace": 101, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-               "chroot": 161, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434,
-               "pidfd_send_signal": 424, "pidfd_getfd": 438, "io_uring_setup": 425, "bpf": 321,
-               "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
-               "tkill": 200, "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-               "clone": 56, "clone3": 435},
-    "aarch64": {"execve": 221, "execveat": 281, "setsid": 157, "setpgid": 154, "ptrace": 117, "unshare": 97,
-                "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "process_vm_readv": 270,
-                "process_vm_writev": 271, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-                "io_uring_setup": 425, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219,
-                "add_key": 217, "request_key": 218, "tkill": 130, "kill": 129, "tgkill": 131,
-                "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "clone": 220, "clone3": 435},
+ALLOWED = {
+    "x86_64": {"read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "mmap": 9, "mprotect": 10, "munmap": 11,
+               "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "pread64": 17,
+               "pwrite64": 18, "readv": 19, "writev": 20, "futex": 202, "newfstatat": 262, "openat": 257,
+               "getdents64": 217, "clock_gettime": 228, "clock_nanosleep": 230, "getrandom": 318, "madvise": 28,
+               "mremap": 25, "getpid": 39, "gettid": 186, "exit": 60, "exit_group": 231, "open": 2, "stat": 4,
+               "lstat": 6, "statx": 332, "access": 21, "faccessat": 269, "faccessat2": 439, "readlink": 89,
+               "readlinkat": 267, "getcwd": 79, "chdir": 80, "fchdir": 81, "mkdir": 83, "mkdirat": 258,
+               "rmdir": 84, "unlink": 87, "unlinkat": 263, "rename": 82, "renameat": 264, "renameat2": 316,
+               "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266, "truncate": 76, "ftruncate": 77,
+               "fsync": 74, "fdatasync": 75, "fallocate": 285, "fadvise64": 221, "sendfile": 40,
+               "copy_file_range": 326, "statfs": 137, "fstatfs": 138, "umask": 95, "dup": 32, "dup2": 33,
+               "dup3": 292, "pipe": 22, "pipe2": 293, "close_range": 436, "preadv": 295, "pwritev": 296,
+               "preadv2": 327, "pwritev2": 328, "msync": 26, "sigaltstack": 131, "rt_sigpending": 127,
+               "rt_sigsuspend": 130, "rt_sigtimedwait": 128, "set_robust_list": 273, "get_robust_list": 274,
+               "rseq": 334, "set_tid_address": 218, "getppid": 110, "getuid": 102, "geteuid": 107, "getgid": 104,
+               "getegid": 108, "getgroups": 115, "getresuid": 118, "getresgid": 120, "getpgrp": 111,
+               "getpgid": 121, "getsid": 124, "nanosleep": 35, "clock_getres": 229, "gettimeofday": 96,
+               "time": 201, "select": 23, "pselect6": 270, "poll": 7, "ppoll": 271, "epoll_create1": 291,
+               "epoll_ctl": 233, "epoll_wait": 232, "epoll_pwait": 281, "uname": 63, "sysinfo": 99, "times": 100,
+               "getrusage": 98, "getrlimit": 97, "sched_getaffinity": 204, "sched_yield": 24, "getcpu": 309,
+               "alarm": 37, "setitimer": 38, "getitimer": 36, "restart_syscall": 219},
+    "aarch64": {"read": 63, "write": 64, "close": 57, "fstat": 80, "lseek": 62, "mmap": 222, "mprotect": 226,
+                "munmap": 215, "brk": 214, "rt_sigaction": 134, "rt_sigprocmask": 135, "rt_sigreturn": 139,
+                "pread64": 67, "pwrite64": 68, "readv": 65, "writev": 66, "futex": 98, "newfstatat": 79,
+                "openat": 56, "getdents64": 61, "clock_gettime": 113, "clock_nanosleep": 115, "getrandom": 278,
+                "madvise": 233, "mremap": 216, "getpid": 172, "gettid": 178, "exit": 93, "exit_group": 94,
+                "statx": 291, "faccessat": 48, "faccessat2": 439, "readlinkat": 78, "getcwd": 17, "chdir": 49,
+                "fchdir": 50, "mkdirat": 34, "unlinkat": 35, "renameat": 38, "renameat2": 276, "linkat": 37,
+                "symlinkat": 36, "truncate": 45, "ftruncate": 46, "fsync": 82, "fdatasync": 83, "fallocate": 47,
+                "fadvise64": 223, "sendfile": 71, "copy_file_range": 285, "statfs": 43,
+                "fstatfs": 44, "umask": 166, "dup": 23, "dup3": 24, "pipe2": 59, "close_range": 436, "preadv": 69,
+                "pwritev": 70, "preadv2": 286, "pwritev2": 287, "msync": 227, "sigaltstack": 132,
+                "rt_sigpending": 136, "rt_sigsuspend": 133, "rt_sigtimedwait": 137, "set_robust_list": 99,
+                "get_robust_list": 100, "rseq": 293, "set_tid_address": 96, "getppid": 173, "getuid": 174,
+                "geteuid": 175, "getgid": 176, "getegid": 177, "getgroups": 158, "getresuid": 148,
+                "getresgid": 150, "getpgid": 155, "getsid": 156, "nanosleep": 101, "clock_getres": 114,
+                "gettimeofday": 169, "pselect6": 72, "ppoll": 73, "epoll_create1": 20, "epoll_ctl": 21,
+                "epoll_pwait": 22, "uname": 160, "sysinfo": 179, "times": 153, "getrusage": 165,
+                "getrlimit": 163, "sched_getaffinity": 123, "sched_yield": 124, "getcpu": 168, "setitimer": 103,
+                "getitimer": 102, "restart_syscall": 128},
+}
+# syscalls allowed only with some arguments, and clone3 (answered ENOSYS so that libc falls back to clone)
+BY_ARGUMENT = {
+    "x86_64": {"clone": 56, "clone3": 435, "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129,
+               "rt_tgsigqueueinfo": 297, "ioctl": 16, "fcntl": 72, "prlimit64": 302},
+    "aarch64": {"clone": 220, "clone3": 435, "kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138,
+                "rt_tgsigqueueinfo": 240, "ioctl": 29, "fcntl": 25, "prlimit64": 261},
 }
 SIGNAL_CALLS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: the target's tgid
+# isatty (TCGETS), terminal size, bytes readable, close-on-exec and non-blocking flags; never TIOCSTI and the like
+IOCTL_REQUESTS = (0x5401, 0x5413, 0x541B, 0x5451, 0x5450, 0x5421)
+# F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK/SETLK/SETLKW, F_DUPFD_CLOEXEC
+# (not F_SETOWN/F_SETSIG, which would point SIGIO at another process)
+FCNTL_COMMANDS = (0, 1, 2, 3, 4, 5, 6, 7, 36, 37, 38, 1030)
+NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 CLONE_THREAD = 0x00010000
 LANDLOCK_CREATE, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT = 444, 445, 446  # syscall numbers, x86_64 and arm64
 FS_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
@@ -206,30 +258,43 @@ def landlock(libc, workdir_fd, read_roots):
 
 def seccomp_program(machine, own_pid):
     """The classic-BPF seccomp filter, as (code, jt, jf, k) tuples: kill the process on a foreign architecture;
-    EPERM for SYSCALLS (x32 numbers included); signals only to `own_pid` (itself); clone only for threads;
-    clone3 answers ENOSYS so that libc falls back to clone, whose flags the filter can read."""
-    nr_of, arch = SYSCALLS[machine], AUDIT_ARCH[machine]
-    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOWED syscalls pass; clone only for threads in the same namespaces; signals only to `own_pid` (itself);
+    ioctl and fcntl only with the requests above; prlimit64 only on itself; clone3 answers ENOSYS so that libc
+    falls back to clone, whose flags the filter can read; everything else (x32 numbers included) answers EPERM.
+    Arguments are compared on their low 32 bits, which is all the kernel reads of these (int or unsigned int)."""
+    nr_of, arch = BY_ARGUMENT[machine], AUDIT_ARCH[machine]
+    LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
     ALLOW, KILL, ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
     EPERM, ENOSYS = 1, 38
+    DENY = (RET, 0, 0, ERRNO | EPERM)
+
+    def when(nr, body):  # run `body` (which ends in a return) for syscall `nr`, else go on after it
+        return [(JEQ, 0, len(body), nr)] + body
+
+    def arg_in(index, values):
+        body = [(LD, 0, 0, 16 + 8 * index)]
+        for value in values:
+            body += [(JEQ, 0, 1, value), (RET, 0, 0, ALLOW)]
+        return body + [DENY]
+
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
-    if machine == "x86_64":
-        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | EPERM)]  # the x32 ABI's numbers
-    prog += [(JEQ, 0, 1, nr_of["clone3"]), (RET, 0, 0, ERRNO | ENOSYS)]
-    prog += [(JEQ, 0, 4, nr_of["clone"]), (LD, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW),
-             (RET, 0, 0, ERRNO | EPERM)]
+    # the hot path first: the most frequent syscalls pass after a few comparisons
+    for nr in ALLOWED[machine].values():
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ALLOW)]
+    prog += when(nr_of["clone3"], [(RET, 0, 0, ERRNO | ENOSYS)])
+    prog += when(nr_of["clone"], [(LD, 0, 0, 16), (JSET, 2, 0, NAMESPACE_FLAGS), (JSET, 0, 1, CLONE_THREAD),
+                                  (RET, 0, 0, ALLOW), DENY])
     for name in SIGNAL_CALLS:
-        prog += [(JEQ, 0, 4, nr_of[name]), (LD, 0, 0, 16), (JEQ, 0, 1, own_pid), (RET, 0, 0, ALLOW),
-                 (RET, 0, 0, ERRNO | EPERM)]
-    for name, nr in sorted(nr_of.items()):
-        if name not in SIGNAL_CALLS and name not in ("clone", "clone3"):
-            prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EPERM)]
-    return prog + [(RET, 0, 0, ALLOW)]
+        prog += when(nr_of[name], arg_in(0, [own_pid]))
+    prog += when(nr_of["ioctl"], arg_in(1, IOCTL_REQUESTS))
+    prog += when(nr_of["fcntl"], arg_in(1, FCNTL_COMMANDS))
+    prog += when(nr_of["prlimit64"], arg_in(0, [0, own_pid]))
+    return prog + [DENY]
 
 
 def install_seccomp(libc):
     machine = os.uname().machine
-    if machine not in SYSCALLS:
+    if machine not in ALLOWED:
         return False
     prog = seccomp_program(machine, os.getpid())
 
@@ -253,29 +318,81 @@ def write_file(path, text):
 
 
 def namespaces(libc, cfg, off, layers):
-    """Network, mount (a size-capped tmpfs over the workdir) and PID namespaces, each where the kernel allows.
-    Without root they live in a new user namespace that maps only the caller's own uid and gid."""
-    if os.geteuid() != 0 and not {"netns", "disk_quota", "pidns"} <= off:
+    """Network, IPC, mount (a size-capped tmpfs over the workdir) and PID namespaces, each where the kernel allows.
+    Without root they live in a new user namespace that maps only the caller's own uid and gid; it also gives the
+    call a process count of its own (RLIMIT_NPROC is counted per user namespace since Linux 5.14)."""
+    if os.geteuid() != 0 and not {"netns", "ipcns", "readonly_fs", "disk_quota", "pidns"} <= off:
         uid, gid = os.geteuid(), os.getegid()
         if libc.unshare(CLONE_NEWUSER) != 0:
             return
         write_file("/proc/self/setgroups", "deny")
         write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
         write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        layers.append("userns")
     if "netns" not in off and libc.unshare(CLONE_NEWNET) == 0:
         layers.append("netns")
-    if "disk_quota" not in off and libc.unshare(CLONE_NEWNS) == 0:
-        owner = cfg["uid"] if cfg["uid"] is not None else os.geteuid()
-        group = cfg["gid"] if cfg["gid"] is not None else os.getegid()
-        options = "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (cfg["max_disk_bytes"], cfg["max_inodes"],
-                                                                     owner, group)
-        if (libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
-                and libc.mount(b"tmpfs", cfg["workdir"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                               options.encode()) == 0):
-            os.chdir(cfg["workdir"])  # the cwd still pointed at the directory under the mount
-            layers.append("disk_quota")
+    if "ipcns" not in off and libc.unshare(CLONE_NEWIPC) == 0:  # SysV objects and mqueues die with the call
+        layers.append("ipcns")
+    if {"readonly_fs", "disk_quota"} - off and libc.unshare(CLONE_NEWNS) == 0:
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "could not make the mount namespace private")
+        mounts(libc, cfg, off, layers)
     if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
         layers.append("pidns")
+
+
+def mounts(libc, cfg, off, layers):
+    """In the call's own mount namespace: every mount read-only (no file outside the workdir can be written,
+    chmod-ed or made, whatever the uid and whether or not Landlock exists), then the workdir writable again: a
+    tmpfs of max_disk_bytes and max_inodes (vanishing with the namespace), else a bind mount of itself."""
+    workdir = cfg["workdir"].encode()
+    if "readonly_fs" not in off and read_only_mounts(libc):
+        layers.append("readonly_fs")
+    owner = cfg["uid"] if cfg["uid"] is not None else os.geteuid()
+    group = cfg["uid"] if cfg["uid"] is not None else os.getegid()
+    options = "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (cfg["max_disk_bytes"], cfg["max_inodes"],
+                                                                 owner, group)
+    if "disk_quota" not in off and libc.mount(b"tmpfs", workdir, b"tmpfs", MS_NOSUID | MS_NODEV,
+                                              options.encode()) == 0:
+        layers.append("disk_quota")
+    elif "readonly_fs" in layers:
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | os.statvfs(workdir).f_flag & KEPT_MOUNT_FLAGS
+        if libc.mount(workdir, workdir, None, MS_BIND, None) != 0 or libc.mount(None, workdir, None, flags, None):
+            raise OSError(ctypes.get_errno(), "could not keep the workdir writable under a read-only root")
+    os.chdir(cfg["workdir"])  # the cwd still pointed at the directory under the new mount
+
+
+def read_only_mounts(libc):
+    """Make every mount of this namespace read-only: mount_setattr on / recursively (Linux >= 5.12), else a
+    read-only bind remount of each mount point, keeping the flags a user namespace may not clear."""
+    attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clear, propagation, userns
+    if libc.syscall(MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), 32) == 0:
+        return True
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [line.split()[4] for line in f]
+    for point in points:  # mountinfo escapes spaces and the like as \ooo
+        path = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), point)
+        try:
+            flags = os.statvfs(path).f_flag & KEPT_MOUNT_FLAGS
+        except OSError:
+            return False
+        if libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None) != 0:
+            return False
+    return True
+
+
+def join_cgroups(cfg, layers):
+    """Move the launcher (and so everything it starts) into the call's own cgroups, made by the parent with its
+    memory and process limits; all of them or the layer is off."""
+    joined = 0
+    for directory in cfg["cgroups"]:
+        try:
+            write_file(directory + "/cgroup.procs", "%d" % os.getpid())
+            joined += 1
+        except OSError:
+            break
+    if cfg["cgroups"] and joined == len(cfg["cgroups"]):
+        layers.append("cgroup")
 
 
 def reap_and_mirror(child, cpu_seconds):
@@ -301,6 +418,17 @@ def drop_capabilities(libc):
     return libc.capset(ctypes.byref(header), ctypes.byref(data)) == 0
 
 
+def own_process_count(layers):
+    """Whether RLIMIT_NPROC (or pids.max) counts this call's processes alone."""
+    if "cgroup" in layers or "uid_drop" in layers:
+        return True
+    try:
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return "userns" in layers and release >= (5, 14)  # ucounts: RLIMIT_NPROC per user namespace
+
+
 def set_limit(which, value, hard=None):
     _, current_hard = resource.getrlimit(which)
     hard = value if hard is None else hard
@@ -313,11 +441,18 @@ def setup(cfg):
     layers, off, workdir = ["rlimits"], set(cfg["disable"]), cfg["workdir"]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
+    join_cgroups(cfg, layers)
+    if cfg["drop_uid"]:  # a uid of its own: no other call shares its process count, files or signals
+        cfg["uid"] = cfg["uid_base"] + os.getpid()
+        os.chown(workdir, cfg["uid"], cfg["uid"])
     namespaces(libc, cfg, off, layers)
     if "pidns" in layers:
         child = os.fork()  # the child is the namespace's init (pid 1); this process only waits for it
         if child:
             reap_and_mirror(child, cfg["cpu_seconds"])
+        if {"readonly_fs", "disk_quota"} & set(layers) and libc.mount(
+                b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
+            layers.append("procfs")  # /proc shows the namespace's processes only, not the host's command lines
     set_limit(resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)
     set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
     set_limit(resource.RLIMIT_NPROC, cfg["max_processes"])
@@ -328,7 +463,7 @@ def setup(cfg):
     workdir_fd = os.open(workdir, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
     if cfg["uid"] is not None:
         os.setgroups([])
-        os.setgid(cfg["gid"])
+        os.setgid(cfg["uid"])
         os.setuid(cfg["uid"])
         try:
             os.setuid(0)
@@ -356,7 +491,11 @@ def setup(cfg):
         layers.append("seccomp")
     if not cfg["allow_unconfined_files"] and "uid_drop" not in layers and "landlock" not in layers:
         raise RuntimeError("neither a uid drop (run as root) nor Landlock (Linux >= 5.13 with lsm=landlock) is "
-                           "available, so the code could write every file this user can; enable one of them")
+                           "available, so the code could read every file this user can; enable one of them")
+    if not (cfg["allow_shared_process_count"] or own_process_count(layers)):
+        raise RuntimeError("the process limit would be shared with every process of this user (no writable cgroup, "
+                           "no uid drop, no user namespace on Linux >= 5.14); run as root, enable unprivileged user "
+                           "namespaces (sysctl user.max_user_namespaces > 0) or delegate a cgroup with memory and pids")
     os.umask(0o077)
     # close the paths around the hook: no fork_exec without an audit event, no pidfd signals
     _posixsubprocess.fork_exec = _denied_fork_exec
