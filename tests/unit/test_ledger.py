@@ -1,4 +1,4 @@
-"""BudgetLedger: refuses to overspend, keeps kinds apart, survives a JSON round trip."""
+"""BudgetLedger: refuses to overspend, keeps kinds apart, survives a JSON round trip; the prices growth asks."""
 
 from __future__ import annotations
 
@@ -87,3 +87,41 @@ def test_bad_charges():
         ledger.charge(1.0, tokens=-5)
     with pytest.raises(ValueError, match="tokens"):
         ledger.charge_tokens(2.5)
+
+
+def test_prices_answer_growth_in_either_unit():
+    """Units: fresh rollouts cost 1 (None: the solvers' integer path), continuations their cost, stage 2's budget
+    is split in whole granules by grants. Tokens: the token estimate prices both, and the split follows cost."""
+    import numpy as np
+
+    from tracerl.core.ledger import TokenPrices, UnitPrices, make_prices
+    from tracerl.core.methods import AllocationConfig
+    from tracerl.core.tree import Segment, Tree
+
+    config = AllocationConfig(num_prompts=4, rollouts_per_prompt=4, continuation_cost=0.25)
+    units = make_prices(config)
+    assert isinstance(units, UnitPrices) and not isinstance(units, TokenPrices)
+    assert units.budget == 16 and units.fresh(["a", "b"]) is None
+    tree = Tree.new("a", "q")
+    node = tree.add_child(0, Segment.text_only("x", "o", 10, 3))
+    tree.add_child(node, Segment.text_only("y", "", 20, 0), reward=1.0)
+    assert units.continuation(tree, [node]).tolist() == [0.25]
+    assert units.cost(np.array([3, 1]), np.array([0.25, 0.25])) == 1.0
+    # 5 units left, granules of 2 continuations (0.5 units): 10 granules split 2:1:1 -> 5, 3, 2 (largest remainder)
+    assert units.prefix_budgets(5.0, np.array([4, 2, 2]), np.ones(3), granule=2).tolist() == [2.5, 1.5, 1.0]
+    purse = units.purse(np.array([2.5, 1.0]), granule=2)
+    assert purse.left.tolist() == [5, 2] and purse.round_budget(0, 2, np.ones(1)) == 1.5  # ceil(5 / 2) granules
+    purse.spend(0, np.array([2, 2, 1]), np.full(3, 0.25), granule=2)
+    assert purse.left.tolist() == [2, 2], "a round's 5 continuations take 3 whole granules"
+
+    tokens = make_prices(AllocationConfig(num_prompts=4, rollouts_per_prompt=4, budget_unit="tokens",
+                                          default_rollout_tokens=100))
+    assert isinstance(tokens, TokenPrices) and tokens.budget == 1600
+    assert tokens.fresh(["a"]).tolist() == [100.0], "nothing seen yet: the default"
+    tokens.observe([tree])
+    # a length counts policy and observation tokens: 10 + 3 at depth 1, then 20 to the leaf
+    assert tokens.fresh(["a"]).tolist() == [33.0] and tokens.continuation(tree, [node]).tolist() == [20.0]
+    assert tokens.prefix_budgets(90.0, np.array([1, 2]), np.array([10.0, 10.0]), granule=1).tolist() == [30.0, 60.0]
+    again = make_prices(AllocationConfig(num_prompts=4, rollouts_per_prompt=4, budget_unit="tokens"))
+    again.load_state_dict(json.loads(json.dumps(tokens.state_dict())))
+    assert again.fresh(["a"]).tolist() == [33.0]

@@ -23,7 +23,7 @@ sampling itself.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -269,6 +269,31 @@ class Purse:
             self.left[group] -= float(np.sum(grants * costs))
 
 
+class Prices(Protocol):
+    """What growth asks about costs, whatever the unit (`UnitPrices`, `TokenPrices`)."""
+
+    unit: str  # what the budget counts: one of BUDGET_UNITS
+    budget: float  # a step's budget, in `unit`
+
+    def ledger(self, budget: float | None = None) -> BudgetLedger: ...
+
+    def fresh(self, prompt_ids: Sequence[str]) -> np.ndarray | None: ...
+
+    def continuation(self, tree: Tree, node_ids: Sequence[int]) -> np.ndarray: ...
+
+    def cost(self, grants: np.ndarray, costs: np.ndarray) -> float: ...
+
+    def prefix_budgets(self, left: float, counts: np.ndarray, fresh_cost: np.ndarray, granule: int) -> np.ndarray: ...
+
+    def purse(self, budgets: np.ndarray, granule: int) -> Purse: ...
+
+    def observe(self, trees: Sequence[Tree]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class UnitPrices:
     """Prices in trajectory units: a fresh rollout 1, a continuation `continuation_cost`."""
 
@@ -353,10 +378,7 @@ class TokenPrices(UnitPrices):
             self.tokens.load_state_dict(state["rollout_tokens"])
 
 
-Prices = UnitPrices  # the interface growth asks; TokenPrices is the other unit
-
-
-def make_prices(config: Any) -> UnitPrices:
+def make_prices(config: Any) -> Prices:
     """The prices of `config` (an `AllocationConfig`; not imported, since the method presets import this module):
     its budget unit, step budget, continuation cost and token cap, read here only."""
     if config.budget_unit == "units":
