@@ -11,14 +11,24 @@ the spread): with S >= 2 seeds it is the Student-t interval over the S per-seed 
 it falls back to the normal interval over the question-level differences, which ignores training noise and is
 labelled so (`PairedDifference.over`).
 
-Deliberately not here: multiple-comparison corrections, bootstrap intervals, anything that reads files.
+Per-seed readings with a bootstrap (`seed_bootstrap`): the cost a method needs to reach the baseline's final
+success, and its share of the baseline's cost, are read on each seed's own curves and only then pooled; a share read
+off the seed-mean curve depends on where its few evaluation points fall. The interval resamples seeds and, within
+each drawn seed, its held-out questions (the same draw for both methods: they are evaluated on the same questions),
+so it carries both the training noise and the evaluation noise. Tokens-to-threshold reads a nondecreasing fit of the
+curve (`isotonic`), so one noisy evaluation above the threshold does not count as reaching it.
+
+Secondary comparisons are corrected with Holm's step-down procedure (`holm`) within a table, on the two-sided p-values
+of the paired t-test over seeds (`paired_t_pvalue`).
+
+Deliberately not here: anything that reads files.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +44,61 @@ def t_quantile_975(dof: int) -> float:
     if dof < 1:
         raise ValueError(f"a t interval needs at least 1 degree of freedom, got {dof}")
     return _T975[dof - 1] if dof <= len(_T975) else _Z975
+
+
+def t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with `dof` degrees of freedom.
+
+    The density f(x) = Gamma((v+1)/2) / (sqrt(v pi) Gamma(v/2)) (1 + x^2/v)^(-(v+1)/2) integrated from 0 to |t| by
+    Simpson's rule on 4,000 intervals (error below 1e-9 for |t| < 50), mirrored about 0."""
+    if dof < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
+    if not math.isfinite(t):
+        return 1.0 if t > 0 else 0.0
+    v, a = float(dof), min(abs(t), 1e4)
+    log_c = math.lgamma((v + 1) / 2) - math.lgamma(v / 2) - 0.5 * math.log(v * math.pi)
+    x = np.linspace(0.0, a, 4001)
+    f = np.exp(log_c - (v + 1) / 2 * np.log1p(x * x / v))
+    half = (a / 4000 / 3) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return float(0.5 + half if t >= 0 else 0.5 - half)
+
+
+def paired_t_pvalue(per_seed: Sequence[float]) -> float:
+    """Two-sided p-value of the one-sample t-test that the mean per-seed difference is 0 (nan below 2 seeds)."""
+    d = np.asarray(per_seed, dtype=float)
+    if len(d) < 2:
+        return float("nan")
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return 1.0 if d.mean() == 0 else 0.0
+    t = d.mean() / (sd / math.sqrt(len(d)))
+    return float(min(1.0, 2 * (1 - t_cdf(abs(t), len(d) - 1))))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), which control the family-wise error rate.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)); reject
+    hypothesis i at level alpha when its adjusted p <= alpha. A nan (no test) stays nan and does not count in m."""
+    p = np.asarray(p_values, dtype=float)
+    tested = np.flatnonzero(~np.isnan(p))
+    adjusted = np.full(len(p), np.nan)
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def num_eval_questions(sd_per_question: float, target_se: float, multiple: int = 32) -> int:
+    """Held-out questions per evaluation for a standard error of `target_se`: ceil((sd / target_se)^2), rounded up
+    to a multiple of `multiple`. `sd_per_question` is the spread over questions of one question's avg@k success
+    (it holds both the spread of question difficulty and the sampling noise of k samples)."""
+    if sd_per_question < 0 or target_se <= 0:
+        raise ValueError(f"need sd_per_question >= 0 and target_se > 0, got {sd_per_question}, {target_se}")
+    n = max(1, math.ceil((sd_per_question / target_se) ** 2))
+    return multiple * math.ceil(n / multiple)
 
 
 def interpolate_at(x: Sequence[float], y: np.ndarray, at: float) -> tuple[np.ndarray, bool]:
@@ -70,6 +135,94 @@ def cost_to_reach(x: Sequence[float], y: Sequence[float], target: float) -> floa
         return float(x[0])
     w = (target - y[j - 1]) / (y[j] - y[j - 1])
     return float(x[j - 1] + w * (x[j] - x[j - 1]))
+
+
+def isotonic(y: Sequence[float], weights: Sequence[float] | None = None) -> np.ndarray:
+    """The nondecreasing sequence closest to `y` in weighted least squares (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, length]
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    for value, weight in zip(np.asarray(y, dtype=float), w):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(n, m) for m, _, n in blocks]) if blocks else np.zeros(0)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's held-out evaluations: increasing cost (tokens or units) and (E, Q) per-question success."""
+
+    cost: np.ndarray  # (E,)
+    per_question: np.ndarray  # (E, Q)
+
+    def success(self, questions: np.ndarray | None = None) -> np.ndarray:
+        """(E,) mean success over `questions` (indices, repeats allowed; default all)."""
+        y = self.per_question if questions is None else self.per_question[:, questions]
+        return y.mean(axis=1)
+
+
+def diff_at_baseline_cost(method: Curve, baseline: Curve, questions: np.ndarray | None = None) -> float:
+    """method minus baseline success, both read at the baseline's final cost (method interpolated, not extrapolated)."""
+    value, _ = interpolate_at(method.cost, method.success(questions), float(baseline.cost[-1]))
+    return float(value - baseline.success(questions)[-1])
+
+
+def share_to_reach(method: Curve, baseline: Curve, questions: np.ndarray | None = None) -> float:
+    """Cost the method needs to reach the baseline's final success, over the baseline's final cost; inf if never.
+
+    Both curves are read through their `isotonic` fits: the target is the baseline's fitted final success (its last
+    evaluations pooled where they do not rise), and the method's cost is where its fitted curve first reaches it."""
+    target = isotonic(baseline.success(questions))[-1]
+    cost = cost_to_reach(method.cost, isotonic(method.success(questions)), target - 1e-12)
+    return math.inf if cost is None else cost / float(baseline.cost[-1])
+
+
+@dataclass(frozen=True)
+class BootstrapEstimate:
+    """A per-seed statistic pooled as the mean over seeds, with a percentile bootstrap interval."""
+
+    mean: float
+    lo: float
+    hi: float
+    per_seed: tuple[float, ...]
+    num_resamples: int
+    resample_questions: bool
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "per_seed": list(self.per_seed)}
+
+
+def seed_bootstrap(statistic: Callable[[Curve, Curve, np.ndarray | None], float], pairs: Sequence[tuple[Curve, Curve]],
+                   *, num_resamples: int = 2000, level: float = 0.95, resample_questions: bool = True,
+                   seed: int = 0) -> BootstrapEstimate:
+    """statistic(method, baseline, questions) on each seed's (method, baseline) curves, pooled as the mean over seeds.
+
+    Interval: percentile bootstrap. Each resample draws the seeds with replacement and, with `resample_questions`,
+    each drawn seed's questions with replacement (one draw shared by both curves, which are evaluated on the same
+    questions). An infinite per-seed value (a method that never reached) makes the mean infinite; the percentiles
+    are read without interpolation, so a bound is infinite only when that share of resamples is."""
+    if not pairs:
+        raise ValueError("seed_bootstrap needs at least one seed")
+    for s, (a, b) in enumerate(pairs):
+        if a.per_question.shape[1] != b.per_question.shape[1]:
+            raise ValueError(f"seed {s}: {a.per_question.shape[1]} and {b.per_question.shape[1]} questions; the "
+                             "curves of one seed must be evaluated on the same questions")
+    per_seed = np.array([statistic(a, b, None) for a, b in pairs], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = np.empty(num_resamples)
+    for r in range(num_resamples):
+        values = []
+        for s in rng.integers(len(pairs), size=len(pairs)):
+            a, b = pairs[s]
+            num_q = a.per_question.shape[1]
+            questions = rng.integers(num_q, size=num_q) if resample_questions else None
+            values.append(statistic(a, b, questions))
+        draws[r] = np.mean(values)
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
+    return BootstrapEstimate(float(per_seed.mean()), float(lo), float(hi), tuple(float(v) for v in per_seed),
+                             num_resamples, resample_questions)
 
 
 @dataclass(frozen=True)
