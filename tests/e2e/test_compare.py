@@ -28,6 +28,10 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
     for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "accuracy_vs_tokens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records = [json.loads((tmp_path / f"{m}-seed0" / "provenance.json").read_text()) for m in ("grpo", "trace")]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"] and records[0]["torch"]
+    assert f"every run started from sha256 {records[0]['weights_sha256'][:16]}" in report
+    assert summary["methods"]["trace"]["informative_units_per_unit"] is not None  # the priced measure, every step
 
 
 WALL_CLOCK = ("seconds", "overhead_frac")  # metrics that time the machine, not the run
