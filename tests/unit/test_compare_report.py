@@ -198,3 +198,19 @@ def test_the_report_plots_every_seed(tmp_path):
     write_report(tmp_path, ["grpo", "trace"], [3, 5], "grpo", "cmd")
     for name in ("accuracy_vs_tokens_per_seed.png", "accuracy_vs_units_per_seed.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_resolution_line_measures_the_spread_of_one_question_alone_and_paired(tmp_path):
+    """Questions alternate 0 and 1 (sd 0.52 over 8 questions); trace differs from grpo by +-0.1 per question at
+    step 2, so the paired difference spreads far less than the questions do."""
+    hard_easy = [0.0, 1.0] * 4
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: hard_easy, 2: hard_easy}, 100)
+        write_run(tmp_path, "trace", seed, {0: hard_easy, 2: [v + 0.1 * (-1) ** i for i, v in enumerate(hard_easy)]},
+                  100)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
+    res = summarize(runs, "grpo", kept)["resolution"]
+    assert res["sd_paired_per_question"] == pytest.approx(np.std([0.1, -0.1] * 4, ddof=1))
+    assert res["sd_per_question"] > 4 * res["sd_paired_per_question"]
+    assert res["paired_questions_for_target"] < res["questions_for_target"]
+    assert res["eval_steps"] == [0, 2]

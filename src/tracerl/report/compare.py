@@ -215,7 +215,7 @@ def summarize(runs: dict[str, list[dict]], baseline: str | None, seeds: list[int
             rows[label].update(_against_baseline(seed_runs, runs[baseline], rows[baseline]))
         _holm_within_table(rows, baseline)
     first = next(iter(runs.values()))
-    return {"baseline": baseline, "seeds": seeds, "methods": rows, "resolution": resolution(runs),
+    return {"baseline": baseline, "seeds": seeds, "methods": rows, "resolution": resolution(runs, baseline),
             "regime": [r for r in (run.get("regime") for run in runs.get(baseline, first)) if r]}
 
 
@@ -260,18 +260,34 @@ def _holm_within_table(rows: dict[str, dict[str, Any]], baseline: str) -> None:
             rows[label][f"diff_at_equal_{axis}"]["p_holm"] = p
 
 
-def resolution(runs: dict[str, list[dict]]) -> dict[str, Any]:
+def resolution(runs: dict[str, list[dict]], baseline: str | None = None) -> dict[str, Any]:
     """How finely one evaluation point resolves success: the spread over questions of a question's avg@k success
     (pooled over every run's evaluations), the standard error of one point with the questions used, and the
-    questions per point for a standard error of TARGET_POINT_SE."""
+    questions per point for a standard error of TARGET_POINT_SE; with a baseline, the same for the paired
+    difference (method minus baseline on the same questions at the same step, step 0 left out), which is what a
+    paired reading pays: question difficulty cancels in it."""
     variances = [np.var(r["eval/per_prompt"], ddof=1) for seed_runs in runs.values() for run in seed_runs
                  for r in run["eval"] if len(r["eval/per_prompt"]) > 1]
     first = next(iter(runs.values()))[0]["eval"]
     num_q = len(first[0]["eval/per_prompt"])
     sd = float(np.sqrt(np.mean(variances))) if variances else float("nan")
+    paired = []
+    for label, seed_runs in runs.items():
+        if baseline is None or label == baseline or num_q < 2:
+            continue
+        for run, base_run in zip(seed_runs, runs[baseline]):
+            base = {r["step"]: r["eval/per_prompt"] for r in base_run["eval"] if r["step"] > 0}
+            paired += [np.var(np.subtract(r["eval/per_prompt"], base[r["step"]]), ddof=1)
+                       for r in run["eval"] if r["step"] in base]
+    sd_paired = float(np.sqrt(np.mean(paired))) if paired else float("nan")
+
+    def questions(spread):
+        return num_eval_questions(spread, TARGET_POINT_SE) if np.isfinite(spread) else None
+
     return {"sd_per_question": sd, "num_questions": num_q, "point_se": sd / np.sqrt(num_q),
             "eval_steps": [r["step"] for r in first], "target_point_se": TARGET_POINT_SE,
-            "questions_for_target": num_eval_questions(sd, TARGET_POINT_SE) if np.isfinite(sd) else None}
+            "questions_for_target": questions(sd), "sd_paired_per_question": sd_paired,
+            "paired_point_se": sd_paired / np.sqrt(num_q), "paired_questions_for_target": questions(sd_paired)}
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -363,7 +379,12 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
         lines += ["", f"Resolution: one question's avg@k success spreads sd {res['sd_per_question']:.3f} over "
                   f"questions, so one evaluation point of {res['num_questions']} questions has SE "
                   f"{_pct(res['point_se'])}; SE {_pct(res['target_point_se'])} needs {res['questions_for_target']} "
-                  f"questions a point. Evaluated at steps {', '.join(map(str, res['eval_steps']))}."]
+                  f"questions a point."
+                  + (f" The paired difference from {base} spreads sd {res['sd_paired_per_question']:.3f} per "
+                     f"question: SE {_pct(res['paired_point_se'])} a point; SE {_pct(res['target_point_se'])} needs "
+                     f"{res['paired_questions_for_target']} questions." if res.get("paired_questions_for_target")
+                     else "")
+                  + f" Evaluated at steps {', '.join(map(str, res['eval_steps']))}."]
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
 
