@@ -1,5 +1,6 @@
 """The embedded default policy on a deliberately small config: cache, masking, SFT, evaluation via the real driver."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -229,3 +230,14 @@ def test_run_provenance_is_written_once_and_names_the_weights(built, tmp_path):
     assert path == tmp_path / "run" / PROVENANCE_FILE
     write_provenance(tmp_path / "run", {**record, "weights_sha256": "other"})  # a resumed run keeps the first record
     assert json.loads(path.read_text()) == record
+
+
+def test_a_field_added_later_keeps_the_names_of_builds_made_before_it():
+    data = EmbeddedConfig().to_dict()
+    del data["warmup_hop_mix"]  # what to_dict wrote before the field existed
+    before = hashlib.sha256(json.dumps({"version": embedded.BUILD_VERSION, **data}, sort_keys=True).encode())
+    assert EmbeddedConfig().key() == before.hexdigest()[:16]
+    changed = EmbeddedConfig(warmup_hop_mix=(1, 1, 1, 0.4, 0.05))
+    assert changed.key() != EmbeddedConfig().key()
+    assert EmbeddedConfig.from_dict(changed.to_dict()) == changed
+    assert changed.make_domain().warmup_hop_mix == (1, 1, 1, 0.4, 0.05)

@@ -65,6 +65,7 @@ from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
 BUILD_THREADS = 1  # torch threads of a build: a thread count changes float summation order, so the weights
+KEYLESS_DEFAULTS = {"warmup_hop_mix": []}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults
 PROVENANCE_FILE = "provenance.json"  # in a run directory: `write_provenance`, read by the comparison report
 
 Progress = Callable[[str], None]
@@ -79,6 +80,7 @@ class EmbeddedConfig:
     num_distractors: int = 120  # look-alike entities that crowd search results; more = harder reading
     hops: tuple[int, int] = (1, 5)  # inclusive range of relations per question; more hops = longer, harder episodes
     hop_mix: tuple[float, ...] = ()  # weight of each hop count in every split (() = uniform over `hops`)
+    warmup_hop_mix: tuple[float, ...] = ()  # hop weights of the warm start's questions only (() = hop_mix)
     missing_share: float = 0.0  # share of real entities without a document, drawn at random
     missing_kinds: tuple[str, ...] = ("university",)  # kinds of entity without documents (the question shows them)
     unanswerable_share: float = 0.25  # share of questions whose chain needs a missing document (they cannot succeed)
@@ -124,21 +126,25 @@ class EmbeddedConfig:
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown EmbeddedConfig field(s) {sorted(unknown)}")
-        tuples = {k: tuple(data[k]) for k in ("hops", "hop_mix", "missing_kinds") if k in data}
+        tuples = {k: tuple(data[k]) for k in ("hops", "hop_mix", "warmup_hop_mix", "missing_kinds") if k in data}
         return cls(**{**data, **tuples})
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "hops": list(self.hops), "hop_mix": list(self.hop_mix),
-                "missing_kinds": list(self.missing_kinds)}
+                "warmup_hop_mix": list(self.warmup_hop_mix), "missing_kinds": list(self.missing_kinds)}
 
     def key(self) -> str:
-        """16 hex digits naming the cache folder: a hash of the config and BUILD_VERSION."""
-        text = json.dumps({"version": BUILD_VERSION, **self.to_dict()}, sort_keys=True)
+        """16 hex digits naming the cache folder: a hash of the config and BUILD_VERSION. A field added after a
+        build version (KEYLESS_DEFAULTS) enters the hash only when it differs from its default, so builds made
+        before it keep their names."""
+        data = {k: v for k, v in self.to_dict().items() if KEYLESS_DEFAULTS.get(k, object()) != v}
+        text = json.dumps({"version": BUILD_VERSION, **data}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def make_domain(self) -> MultiHopDomain:
         return MultiHopDomain(num_entities=self.num_entities, num_distractors=self.num_distractors, hops=self.hops,
                               seed=self.domain_seed, search_k=self.search_k, hop_mix=self.hop_mix,
+                              warmup_hop_mix=self.warmup_hop_mix,
                               missing_share=self.missing_share, missing_kinds=self.missing_kinds,
                               unanswerable_share=self.unanswerable_share,
                               warmup_fraction=self.warmup_fraction)
