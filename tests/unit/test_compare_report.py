@@ -166,7 +166,7 @@ def test_a_method_that_never_reaches_is_unbounded_and_said_so(tmp_path):
         write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100)
         write_run(tmp_path, "pcl", seed, {0: [0.2] * 2, 2: [0.3 if seed == 1 else 0.5] * 2}, 100)
     report = write_report(tmp_path, ["grpo", "pcl"], [0, 1, 2], "grpo", "cmd")
-    data = json.loads((tmp_path / "compare.json").read_text())  # strict JSON: no Infinity
+    data = json.loads((tmp_path / "compare.json").read_text())  # never reached: None (JSON has no infinity)
     pcl = data["methods"]["pcl"]
     assert pcl["share_of_baseline_tokens"] is None and pcl["share_of_baseline_tokens_ci"]["num_unreached"] == 1
     assert "not reached on 1 of 3 seeds" in report
