@@ -11,6 +11,7 @@ from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.metrics import ratios, step_counts
 from tracerl.core.stats import (
     Curve,
+    Success,
     cost_to_reach,
     diff_at_baseline_cost,
     holm,
@@ -212,17 +213,19 @@ def test_share_to_reach_is_read_per_seed_on_the_fitted_curve():
     base = _curve([0, 100, 200, 300, 400], [0.50, 0.52, 0.54, 0.56, 0.55])  # fitted final 0.555
     fast = _curve([0, 100, 200, 300], [0.50, 0.53, 0.60, 0.50])
     # the fitted fast curve: 0.50, 0.53, 0.55, 0.55 pools the last two; it first reaches 0.555 never -> inf
-    assert share_to_reach(fast, base) == math.inf
+    assert share_to_reach(fast.mean(), base.mean()) == math.inf
     faster = _curve([0, 100, 200], [0.50, 0.5275, 0.58])
-    assert share_to_reach(faster, base) == pytest.approx((100 + 100 * (0.555 - 0.5275) / (0.58 - 0.5275)) / 400)
-    assert diff_at_baseline_cost(faster, base) == pytest.approx(0.58 - 0.55)  # read at its end: never extrapolated
+    want = (100 + 100 * (0.555 - 0.5275) / (0.58 - 0.5275)) / 400
+    assert share_to_reach(faster.mean(), base.mean()) == pytest.approx(want)
+    # read at its end: never extrapolated
+    assert diff_at_baseline_cost(faster.mean(), base.mean()) == pytest.approx(0.58 - 0.55)
 
 
 def test_a_noisy_spike_above_the_target_is_not_a_crossing():
     """Read off the raw points, one lucky evaluation at 100 tokens would make the share 25%."""
     base = _curve([0, 400], [0.50, 0.56])
     spiky = _curve([0, 100, 200, 300, 400], [0.50, 0.57, 0.51, 0.52, 0.60])
-    assert share_to_reach(spiky, base) > 0.5
+    assert share_to_reach(spiky.mean(), base.mean()) > 0.5
 
 
 def test_seed_bootstrap_pools_per_seed_values_and_covers_them():
@@ -240,6 +243,18 @@ def test_seed_bootstrap_pools_per_seed_values_and_covers_them():
     assert shares.mean == pytest.approx(0.5) and shares.lo == shares.hi == pytest.approx(0.5)
     with pytest.raises(ValueError, match="same questions"):
         seed_bootstrap(diff_at_baseline_cost, [(_curve([0], [0.5], 4), _curve([0], [0.5], 5))])
+
+
+def test_the_statistics_read_many_resampled_curves_at_once_as_they_read_one():
+    rng = np.random.default_rng(3)
+    method = Curve(np.array([0.0, 100.0, 200.0]), rng.random((3, 6)))
+    base = Curve(np.array([0.0, 150.0]), rng.random((2, 6)))
+    weights = rng.dirichlet(np.ones(6), size=4).T  # (Q, R)
+    for statistic in (diff_at_baseline_cost, share_to_reach):
+        together = statistic(method.mean(weights), base.mean(weights))
+        alone = [statistic(Success(method.cost, method.per_question @ w), Success(base.cost, base.per_question @ w))
+                 for w in weights.T]
+        assert np.allclose(together, alone), statistic.__name__
 
 
 def test_seed_bootstrap_with_question_noise_is_wider_than_without():

@@ -139,14 +139,29 @@ def cost_to_reach(x: Sequence[float], y: Sequence[float], target: float) -> floa
 
 def isotonic(y: Sequence[float], weights: Sequence[float] | None = None) -> np.ndarray:
     """The nondecreasing sequence closest to `y` in weighted least squares (pool-adjacent-violators)."""
-    blocks: list[list[float]] = []  # [weighted mean, weight, length]
-    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
-    for value, weight in zip(np.asarray(y, dtype=float), w):
-        blocks.append([value, weight, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([np.full(n, m) for m, _, n in blocks]) if blocks else np.zeros(0)
+    values = np.asarray(y, dtype=float).tolist()  # plain floats: this runs once per curve per bootstrap resample
+    w = [1.0] * len(values) if weights is None else np.asarray(weights, dtype=float).tolist()
+    means: list[float] = []
+    totals: list[float] = []
+    lengths: list[int] = []
+    for value, weight in zip(values, w):
+        means.append(value)
+        totals.append(weight)
+        lengths.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m1, w1, n1 = means.pop(), totals.pop(), lengths.pop()
+            means[-1] = (means[-1] * totals[-1] + m1 * w1) / (totals[-1] + w1)
+            totals[-1] += w1
+            lengths[-1] += n1
+    return np.repeat(means, lengths)
+
+
+@dataclass(frozen=True)
+class Success:
+    """Success along a run's evaluations: increasing cost (E,) and success (E,), or (E, R) for R resamples at once."""
+
+    cost: np.ndarray
+    success: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -156,26 +171,33 @@ class Curve:
     cost: np.ndarray  # (E,)
     per_question: np.ndarray  # (E, Q)
 
-    def success(self, questions: np.ndarray | None = None) -> np.ndarray:
-        """(E,) mean success over `questions` (indices, repeats allowed; default all)."""
-        y = self.per_question if questions is None else self.per_question[:, questions]
-        return y.mean(axis=1)
+    def mean(self, weights: np.ndarray | None = None) -> Success:
+        """Success over the questions: their mean, or with (Q, R) `weights` (columns summing to 1) R weighted means."""
+        y = self.per_question.mean(axis=1) if weights is None else self.per_question @ weights
+        return Success(self.cost, y)
 
 
-def diff_at_baseline_cost(method: Curve, baseline: Curve, questions: np.ndarray | None = None) -> float:
-    """method minus baseline success, both read at the baseline's final cost (method interpolated, not extrapolated)."""
-    value, _ = interpolate_at(method.cost, method.success(questions), float(baseline.cost[-1]))
-    return float(value - baseline.success(questions)[-1])
+def diff_at_baseline_cost(method: Success, baseline: Success) -> np.ndarray:
+    """method minus baseline success, both read at the baseline's final cost (method interpolated, not extrapolated);
+    one value per column."""
+    value, _ = interpolate_at(method.cost, method.success, float(baseline.cost[-1]))
+    return value - baseline.success[-1]
 
 
-def share_to_reach(method: Curve, baseline: Curve, questions: np.ndarray | None = None) -> float:
-    """Cost the method needs to reach the baseline's final success, over the baseline's final cost; inf if never.
+def share_to_reach(method: Success, baseline: Success) -> np.ndarray:
+    """Cost the method needs to reach the baseline's final success, over the baseline's final cost; inf if never;
+    one value per column.
 
     Both curves are read through their `isotonic` fits: the target is the baseline's fitted final success (its last
     evaluations pooled where they do not rise), and the method's cost is where its fitted curve first reaches it."""
-    target = isotonic(baseline.success(questions))[-1]
-    cost = cost_to_reach(method.cost, isotonic(method.success(questions)), target - 1e-12)
-    return math.inf if cost is None else cost / float(baseline.cost[-1])
+    mine = method.success.reshape(len(method.cost), -1)  # (E, R)
+    theirs = baseline.success.reshape(len(baseline.cost), -1)
+    out = np.empty(mine.shape[1])
+    for r in range(mine.shape[1]):
+        target = isotonic(theirs[:, r])[-1]
+        cost = cost_to_reach(method.cost, isotonic(mine[:, r]), target - 1e-12)
+        out[r] = math.inf if cost is None else cost / float(baseline.cost[-1])
+    return out if method.success.ndim > 1 else out[0]
 
 
 @dataclass(frozen=True)
@@ -193,32 +215,36 @@ class BootstrapEstimate:
         return {**asdict(self), "per_seed": list(self.per_seed)}
 
 
-def seed_bootstrap(statistic: Callable[[Curve, Curve, np.ndarray | None], float], pairs: Sequence[tuple[Curve, Curve]],
-                   *, num_resamples: int = 2000, level: float = 0.95, resample_questions: bool = True,
+def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: Sequence[tuple[Curve, Curve]], *,
+                   num_resamples: int = 2000, level: float = 0.95, resample_questions: bool = True,
                    seed: int = 0) -> BootstrapEstimate:
-    """statistic(method, baseline, questions) on each seed's (method, baseline) curves, pooled as the mean over seeds.
+    """statistic(method, baseline) on each seed's (method, baseline) curves, pooled as the mean over seeds.
 
     Interval: percentile bootstrap. Each resample draws the seeds with replacement and, with `resample_questions`,
     each drawn seed's questions with replacement (one draw shared by both curves, which are evaluated on the same
-    questions). An infinite per-seed value (a method that never reached) makes the mean infinite; the percentiles
-    are read without interpolation, so a bound is infinite only when that share of resamples is."""
+    questions). The question draws are made first, `num_resamples` per seed, as weights on the questions, so that a
+    statistic sees all of a seed's resampled curves at once ((E, R) success); each drawn seed then takes one of its
+    own draws at random. An infinite per-seed value (a method that never reached) makes a mean infinite; the
+    percentiles are read without interpolation, so a bound is infinite only when that share of resamples is."""
     if not pairs:
         raise ValueError("seed_bootstrap needs at least one seed")
     for s, (a, b) in enumerate(pairs):
         if a.per_question.shape[1] != b.per_question.shape[1]:
             raise ValueError(f"seed {s}: {a.per_question.shape[1]} and {b.per_question.shape[1]} questions; the "
                              "curves of one seed must be evaluated on the same questions")
-    per_seed = np.array([statistic(a, b, None) for a, b in pairs], dtype=float)
+    per_seed = np.array([float(statistic(a.mean(), b.mean())) for a, b in pairs])
     rng = np.random.default_rng(seed)
-    draws = np.empty(num_resamples)
-    for r in range(num_resamples):
-        values = []
-        for s in rng.integers(len(pairs), size=len(pairs)):
-            a, b = pairs[s]
+    replicates = np.repeat(per_seed[:, None], num_resamples, axis=1)  # (S, R)
+    if resample_questions:
+        for s, (a, b) in enumerate(pairs):
             num_q = a.per_question.shape[1]
-            questions = rng.integers(num_q, size=num_q) if resample_questions else None
-            values.append(statistic(a, b, questions))
-        draws[r] = np.mean(values)
+            drawn = rng.integers(num_q, size=(num_resamples, num_q)) + num_q * np.arange(num_resamples)[:, None]
+            counts = np.bincount(drawn.ravel(), minlength=num_resamples * num_q).reshape(num_resamples, num_q)
+            weights = counts.T / num_q  # (Q, R): the share of each resample's draws that fell on each question
+            replicates[s] = statistic(a.mean(weights), b.mean(weights))
+    seeds = rng.integers(len(pairs), size=(num_resamples, len(pairs)))
+    columns = rng.integers(num_resamples, size=(num_resamples, len(pairs)))
+    draws = replicates[seeds, columns].mean(axis=1)  # (R,)
     tail = (1 - level) / 2
     lo, hi = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
     return BootstrapEstimate(float(per_seed.mean()), float(lo), float(hi), tuple(float(v) for v in per_seed),
