@@ -315,7 +315,7 @@ def _share(row: dict[str, Any], axis: str) -> str:
     ci = row[f"share_of_baseline_{axis}_ci"]
     if row[f"share_of_baseline_{axis}"] is None:
         return f"not reached on {ci['num_unreached']} of {len(ci['per_seed'])} seeds"
-    hi = "not reached" if ci["hi"] is None else _pct(ci["hi"], 0)
+    hi = "unbounded" if ci["hi"] is None else _pct(ci["hi"], 0)  # over 2.5% of resamples never reached
     return f"{_pct(row[f'share_of_baseline_{axis}'], 0)} [{_pct(ci['lo'], 0)}, {hi}]"
 
 
