@@ -29,9 +29,11 @@ Naming a policy: the cache folder is named by the config (`EmbeddedConfig.key`),
 named by its weights: `weights_hash(model)` is the SHA-256 of the state dict's tensors in a canonical order, recorded
 in `metrics.json` (`build/weights_sha256`) and by every run (`run_provenance`, written to `<run>/provenance.json`
 with the torch version and the machine). The build runs on one torch thread whatever the caller set (restored
-after), so its weights do not depend on the thread count. They may still depend on the machine and the torch
-version (float summation order); a build is reproducible on one machine, a cached build is loaded as is, and
-`tracerl compare` refuses to pair runs whose starting weights differ.
+after), so its weights cannot depend on the caller's thread count (on the 2-core machine a 20-step build of the
+default config gave bit-identical weights under 1 and 2 threads even unpinned; kernels that split work by thread
+count on other machines would not). They may still depend on the machine and the torch version (float summation
+order), and on code changes that did not bump BUILD_VERSION; a build is reproducible on one machine, a cached build
+is loaded as is, and `tracerl compare` refuses to pair runs whose starting weights differ.
 
 It does not do RL or load real checkpoints or tokenizers (`TransformersEngine.from_pretrained` does).
 """
@@ -64,7 +66,7 @@ from tracerl.io.tokenizer import train_tokenizer
 from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
-BUILD_THREADS = 1  # torch threads of a build: a thread count changes float summation order, so the weights
+BUILD_THREADS = 1  # torch threads of a build: a thread count can change float summation order, so the weights
 KEYLESS_DEFAULTS = {"warmup_hop_mix": []}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults
 PROVENANCE_FILE = "provenance.json"  # in a run directory: `write_provenance`, read by the comparison report
 
