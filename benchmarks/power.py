@@ -9,7 +9,7 @@ for `trace` against `pcl` the per-seed difference of the two (both read at the b
 d the mean and s the standard deviation of those per-seed differences, the two-sided paired t-test at level 0.05
 with n seeds rejects with probability (at level alpha, --alpha: 0.025 plans for Holm over two primary questions)
 
-    power(n) = P(|T'| > t_{1-alpha/2, n-1}),   T' ~ noncentral t with n-1 degrees of freedom and noncentrality d sqrt(n) / s
+    power(n) = P(|T'| > t_{1-alpha/2, n-1}),   T' ~ noncentral t, n-1 degrees of freedom, noncentrality d sqrt(n) / s
 
 estimated by simulation (400,000 draws of Z + d sqrt(n) / s over sqrt(chi2_{n-1} / (n-1)), a fixed seed: +-0.2%).
 It prints the power at the seeds the table has, the seeds for the target power at the observed effect, and the seeds
@@ -117,10 +117,10 @@ def main() -> None:
             print("| " + " | ".join(cells) + " |")
     if spreads:
         sd_q = float(np.mean(spreads))
-        print(f"\nOne question's avg@k success spreads sd {sd_q:.3f} over questions (mean SE per run x sqrt(questions), "
-              f"{len(spreads)} entries): one evaluation point's SE is {sd_q / math.sqrt(256):.1%} with 256 questions, "
-              f"{sd_q / math.sqrt(512):.1%} with 512; questions for SE 2.5%: {num_eval_questions(sd_q, 0.025)}, "
-              f"for 2.0%: {num_eval_questions(sd_q, 0.02)}.")
+        print(f"\nOne question's avg@k success spreads sd {sd_q:.3f} over questions (mean SE per run x "
+              f"sqrt(questions), {len(spreads)} entries): one evaluation point's SE is {sd_q / math.sqrt(256):.1%} "
+              f"with 256 questions, {sd_q / math.sqrt(512):.1%} with 512; questions for SE 2.5%: "
+              f"{num_eval_questions(sd_q, 0.025)}, for 2.0%: {num_eval_questions(sd_q, 0.02)}.")
 
 
 if __name__ == "__main__":

@@ -210,7 +210,8 @@ def test_a_build_gives_the_same_weights_whatever_the_callers_thread_count(built,
     must give bit-identical weights, train on one thread, and hand the caller its 2 threads back."""
     seen = []
     original = embedded.train_sft
-    monkeypatch.setattr(embedded, "train_sft", lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
+    monkeypatch.setattr(embedded, "train_sft",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
     torch.set_num_threads(2)
     try:
         again = build_embedded(SMALL, tmp_path)

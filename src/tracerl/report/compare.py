@@ -56,7 +56,7 @@ Say = Callable[[str], None]
 INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
                "informative_rollouts_per_budget", "informative_rollouts_per_ktoken", "informative_tokens_per_token")
 ALLOCATION = ("effective_ratio", "mixed_trees_per_budget")
-PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer this one may not pull in)
+PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer above torch's)
 TARGET_POINT_SE = 0.025  # the standard error of one evaluation point the report sizes the question count for
 NUM_RESAMPLES = 2000  # bootstrap resamples per interval
 
