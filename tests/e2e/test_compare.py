@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tracerl.io.runlog import read_metrics
-from tracerl.train.compare import format_seeds, parse_seeds, run_compare
+from tracerl.train.compare import format_seeds, parse_seeds, record_provenance, run_compare
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -28,6 +28,10 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
     for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "accuracy_vs_tokens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records = [json.loads((tmp_path / f"{m}-seed0" / "provenance.json").read_text()) for m in ("grpo", "trace")]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"] and records[0]["torch"]
+    assert f"every run started from sha256 {records[0]['weights_sha256'][:16]}" in report
+    assert summary["methods"]["trace"]["informative_units_per_unit"] is not None  # the priced measure, every step
 
 
 WALL_CLOCK = ("seconds", "overhead_frac")  # metrics that time the machine, not the run
@@ -54,3 +58,20 @@ def test_parallel_compare_trains_the_same_runs_as_the_sequential_one(tiny_overri
 def test_the_reports_seed_list_reads_back_as_the_same_seeds(seeds):
     """The report's command must rerun the same seeds: a lone "0" would be a count of none, a lone "3" seeds 0-2."""
     assert parse_seeds(format_seeds(seeds)) == seeds
+
+
+def test_provenance_is_recorded_before_the_first_step_only(tiny_overrides, tmp_path):
+    """A run with metrics but no record started before records were kept: hashing it now would name whatever
+    weights it holds, not the ones it started from, so it stays without one."""
+    from pathlib import Path
+
+    from tracerl.train.config import load_config
+
+    record_provenance(load_config(None, [*tiny_overrides, f"run.out_dir={tmp_path / 'fresh'}"]))
+    record = json.loads((tmp_path / "fresh" / "provenance.json").read_text())
+    build = json.loads((Path(record["source"]) / "metrics.json").read_text())
+    assert record["weights_sha256"] == build["build/weights_sha256"], "the run names other weights than its build"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "metrics.jsonl").write_text("")
+    record_provenance(load_config(None, [*tiny_overrides, f"run.out_dir={tmp_path / 'old'}"]))
+    assert not (tmp_path / "old" / "provenance.json").exists()

@@ -1,5 +1,6 @@
 """The embedded default policy on a deliberately small config: cache, masking, SFT, evaluation via the real driver."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,12 +18,16 @@ from tracerl.io.engine import SamplingParams
 from tracerl.io.scripted_engine import ScriptedEngine
 from tracerl.policy import embedded
 from tracerl.policy.embedded import (
+    PROVENANCE_FILE,
     EmbeddedConfig,
     build_embedded,
     evaluate,
     expert_episode,
     render_episode,
+    run_provenance,
     sft_loss,
+    weights_hash,
+    write_provenance,
 )
 
 SMALL = EmbeddedConfig(num_entities=40, num_distractors=8, hops=(2, 3), num_train_rows=48, p_noise_turn=0.3,
@@ -178,3 +183,62 @@ def test_a_bad_config_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="sft_steps"):
         EmbeddedConfig(sft_steps=0)
     assert EmbeddedConfig().key() != EmbeddedConfig(seed=1).key()
+
+
+def test_the_build_records_the_hash_of_the_weights_it_saved(built):
+    cache, policy = built
+    metrics = json.loads((cache / SMALL.key() / "metrics.json").read_text())
+    assert metrics["build/weights_sha256"] == policy.weights_hash() == weights_hash(policy.model.state_dict())
+    assert metrics["build/machine"]["torch"] == torch.__version__
+
+
+def test_the_weights_hash_sees_one_changed_bit_and_not_the_order_of_the_state_dict(built):
+    state = built[1].model.state_dict()
+    reordered = dict(reversed(list(state.items())))
+    assert weights_hash(reordered) == weights_hash(state)
+    changed = {k: v.clone() for k, v in state.items()}
+    name = sorted(changed)[-1]
+    flat = changed[name].view(-1)
+    flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf")))  # one ulp
+    assert weights_hash(changed) != weights_hash(state), f"a one-ulp change of {name} kept the hash"
+    renamed = {("x." + k if k == name else k): v for k, v in state.items()}
+    assert weights_hash(renamed) != weights_hash(state)
+
+
+def test_a_build_gives_the_same_weights_whatever_the_callers_thread_count(built, tmp_path, monkeypatch):
+    """The cached build was made under 1 thread (this module's fixture); building the same config under 2 threads
+    must give bit-identical weights, train on one thread, and hand the caller its 2 threads back."""
+    seen = []
+    original = embedded.train_sft
+    monkeypatch.setattr(embedded, "train_sft",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
+    torch.set_num_threads(2)
+    try:
+        again = build_embedded(SMALL, tmp_path)
+        assert torch.get_num_threads() == 2, "the build did not restore the caller's thread count"
+    finally:
+        torch.set_num_threads(1)
+    assert seen == [embedded.BUILD_THREADS]
+    assert again.weights_hash() == built[1].weights_hash(), "the same config built under 2 threads has other weights"
+
+
+def test_run_provenance_is_written_once_and_names_the_weights(built, tmp_path):
+    policy = built[1]
+    record = run_provenance(policy.model, source=str(policy.path))
+    assert record["weights_sha256"] == policy.weights_hash() and record["source"] == str(policy.path)
+    assert record["torch"] == torch.__version__ and record["num_cpus"] >= 1 and record["cpu"]
+    path = write_provenance(tmp_path / "run", record)
+    assert path == tmp_path / "run" / PROVENANCE_FILE
+    write_provenance(tmp_path / "run", {**record, "weights_sha256": "other"})  # a resumed run keeps the first record
+    assert json.loads(path.read_text()) == record
+
+
+def test_a_field_added_later_keeps_the_names_of_builds_made_before_it():
+    data = EmbeddedConfig().to_dict()
+    del data["warmup_hop_mix"]  # what to_dict wrote before the field existed
+    before = hashlib.sha256(json.dumps({"version": embedded.BUILD_VERSION, **data}, sort_keys=True).encode())
+    assert EmbeddedConfig().key() == before.hexdigest()[:16]
+    changed = EmbeddedConfig(warmup_hop_mix=(1, 1, 1, 0.4, 0.05))
+    assert changed.key() != EmbeddedConfig().key()
+    assert EmbeddedConfig.from_dict(changed.to_dict()) == changed
+    assert changed.make_domain().warmup_hop_mix == (1, 1, 1, 0.4, 0.05)

@@ -13,15 +13,28 @@ from tracerl.report.compare import complete_seeds, run_dir_name, summarize, to_m
 pytest.importorskip("matplotlib")
 
 
-def write_run(out, label, seed, evals, tokens_per_step, units_per_step=128.0, informative=0.5):
-    """evals: {step: per-question success list}; one train row per step with cumulative units and tokens."""
+@pytest.fixture(autouse=True)
+def fewer_resamples(monkeypatch):
+    """200 bootstrap resamples instead of 2,000: these tests check what is read, not the interval's precision."""
+    import tracerl.report.compare
+
+    monkeypatch.setattr(tracerl.report.compare, "NUM_RESAMPLES", 200)
+
+
+def write_run(out, label, seed, evals, tokens_per_step, units_per_step=128.0, informative=0.5, weights=None):
+    """evals: {step: per-question success list}; one train row per step with cumulative units and tokens;
+    `weights`: the starting weights hash its provenance.json records (None: no provenance)."""
     log = RunLog(out / run_dir_name(label, seed))
+    if weights:
+        (out / run_dir_name(label, seed) / "provenance.json").write_text(json.dumps(
+            {"weights_sha256": weights, "torch": "2.13.0+cpu", "cpu": "test cpu", "gpu": None}))
     last = max(evals)
     for step in range(0, last + 1):
         if step:
             log.write("train", step, {"rollout/cum_units": units_per_step * step,
                                       "rollout/cum_tokens": tokens_per_step * step,
                                       "alloc/informative_rollouts_per_budget": informative,
+                                      "alloc/informative_units_per_unit": informative / 2,
                                       "alloc/effective_ratio": 0.5})
         if step in evals:
             per = np.asarray(evals[step], dtype=float)
@@ -113,3 +126,92 @@ def test_runs_logged_without_informative_measures_get_them_from_their_saved_tree
     row = load_run(run_dir)["train"][0]
     assert row["alloc/informative_rollouts_per_budget"] == pytest.approx(3 / 6)
     assert row["alloc/informative_tokens_per_token"] == pytest.approx(15 / 30)
+
+
+def test_runs_from_different_starting_weights_are_refused_by_name(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100, weights="a" * 64)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * 2, 2: [0.5] * 2}, 100, weights="a" * 64 if seed else "b" * 64)
+    with pytest.raises(ValueError, match=r"2 different weights .*bbbbbbbbbbbbbbbb: trace-seed0"):
+        write_report(tmp_path, ["grpo", "trace"], [0, 1], "grpo", "cmd")
+    report = write_report(tmp_path, ["grpo", "trace"], [1], "grpo", "cmd")  # seed 1 alone: one build
+    assert "every run started from sha256 aaaaaaaaaaaaaaaa; torch 2.13.0+cpu, test cpu" in report
+
+
+def test_runs_without_provenance_are_counted_as_unchecked(tmp_path):
+    write_run(tmp_path, "grpo", 0, {0: [0.2] * 2, 2: [0.4] * 2}, 100, weights="a" * 64)
+    write_run(tmp_path, "trace", 0, {0: [0.2] * 2, 2: [0.5] * 2}, 100)
+    report = write_report(tmp_path, ["grpo", "trace"], [0], "grpo", "cmd")
+    assert "1 run(s) recorded none (unchecked)" in report
+
+
+def test_the_share_is_the_mean_of_per_seed_shares_not_read_off_the_mean_curve(tmp_path):
+    """Seed 0: trace reaches grpo's final 0.4 at half grpo's tokens; seed 1 at all of them. Per seed that is 0.5
+    and 1.0, mean 0.75. The seed-mean curve (0.2, 0.35, 0.425) would cross 0.4 at 333 tokens: a share of 0.83."""
+    write_run(tmp_path, "grpo", 0, {0: [0.2] * 4, 2: [0.3] * 4, 4: [0.4] * 4}, 100)
+    write_run(tmp_path, "trace", 0, {0: [0.2] * 4, 2: [0.4] * 4, 4: [0.45] * 4}, 100)
+    write_run(tmp_path, "grpo", 1, {0: [0.2] * 4, 2: [0.3] * 4, 4: [0.4] * 4}, 100)
+    write_run(tmp_path, "trace", 1, {0: [0.2] * 4, 2: [0.3] * 4, 4: [0.4] * 4}, 100)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
+    trace = summarize(runs, "grpo", kept)["methods"]["trace"]
+    assert trace["share_of_baseline_tokens_ci"]["per_seed"] == pytest.approx([0.5, 1.0])
+    assert trace["share_of_baseline_tokens"] == pytest.approx(0.75)
+    ci = trace["share_of_baseline_tokens_ci"]
+    assert 0.5 - 1e-9 <= ci["lo"] < 0.75 < ci["hi"] <= 1 + 1e-9
+    assert trace["tokens_to_baseline"] == pytest.approx(0.75 * 400)
+
+
+def test_a_method_that_never_reaches_is_unbounded_and_said_so(tmp_path):
+    for seed in (0, 1, 2):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100)
+        write_run(tmp_path, "pcl", seed, {0: [0.2] * 2, 2: [0.3 if seed == 1 else 0.5] * 2}, 100)
+    report = write_report(tmp_path, ["grpo", "pcl"], [0, 1, 2], "grpo", "cmd")
+    data = json.loads((tmp_path / "compare.json").read_text())  # never reached: None (JSON has no infinity)
+    pcl = data["methods"]["pcl"]
+    assert pcl["share_of_baseline_tokens"] is None and pcl["share_of_baseline_tokens_ci"]["num_unreached"] == 1
+    assert "not reached on 1 of 3 seeds" in report
+
+
+def test_secondary_comparisons_get_holm_adjusted_p_values(tmp_path):
+    rng = np.random.default_rng(0)
+    for seed in range(4):
+        base = rng.random(8)
+        write_run(tmp_path, "grpo", seed, {0: base, 2: base}, 100)
+        write_run(tmp_path, "trace", seed, {0: base, 2: base + 0.05 + 0.01 * seed}, 100)
+        write_run(tmp_path, "pcl", seed, {0: base, 2: base + 0.02 * (-1) ** seed}, 100)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "pcl", "trace"], [0, 1, 2, 3])
+    methods = summarize(runs, "grpo", kept)["methods"]
+    trace, pcl = methods["trace"]["diff_at_equal_tokens"], methods["pcl"]["diff_at_equal_tokens"]
+    assert trace["p"] < 0.01 and pcl["p"] > 0.5
+    assert trace["p_holm"] == pytest.approx(2 * trace["p"])
+    assert pcl["p_holm"] == pytest.approx(max(pcl["p"], 2 * trace["p"]))
+    assert trace["boot_lo"] > 0 and trace["lo"] > 0
+    text = to_markdown({**summarize(runs, "grpo", kept), "weights": None}, "cmd")
+    assert "p (Holm)" in text
+    header = next(line for line in text.splitlines() if line.startswith("| method | success before"))
+    assert header.index("(priced)") < header.index("(counted)"), "the priced measure must lead"
+
+
+def test_the_report_plots_every_seed(tmp_path):
+    for seed in (3, 5):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * 2, 2: [0.5] * 2}, 100)
+    write_report(tmp_path, ["grpo", "trace"], [3, 5], "grpo", "cmd")
+    for name in ("accuracy_vs_tokens_per_seed.png", "accuracy_vs_units_per_seed.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_resolution_line_measures_the_spread_of_one_question_alone_and_paired(tmp_path):
+    """Questions alternate 0 and 1 (sd 0.52 over 8 questions); trace differs from grpo by +-0.1 per question at
+    step 2, so the paired difference spreads far less than the questions do."""
+    hard_easy = [0.0, 1.0] * 4
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: hard_easy, 2: hard_easy}, 100)
+        write_run(tmp_path, "trace", seed, {0: hard_easy, 2: [v + 0.1 * (-1) ** i for i, v in enumerate(hard_easy)]},
+                  100)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
+    res = summarize(runs, "grpo", kept)["resolution"]
+    assert res["sd_paired_per_question"] == pytest.approx(np.std([0.1, -0.1] * 4, ddof=1))
+    assert res["sd_per_question"] > 4 * res["sd_paired_per_question"]
+    assert res["paired_questions_for_target"] < res["questions_for_target"]
+    assert res["eval_steps"] == [0, 2]

@@ -102,6 +102,17 @@ def test_every_split_keeps_the_hop_mix_even_when_short_questions_run_out():
     assert len(set(texts)) == len(texts), "rows are distinct until a stratum runs out"
 
 
+def test_the_warm_start_can_have_its_own_hop_mix():
+    domain = MultiHopDomain(num_entities=60, num_distractors=10, hops=(1, 3), warmup_fraction=0.3,
+                            warmup_hop_mix=(1, 1, 0))
+    warm = [r["extra_info"]["hops"] for r in domain.rows("warmup", 300, seed=0)]
+    train = [r["extra_info"]["hops"] for r in domain.rows("train", 300, seed=0)]
+    assert 3 not in warm and abs(warm.count(1) / 300 - 0.5) < 0.1
+    assert abs(train.count(3) / 300 - 1 / 3) < 0.1, "the warm start's mix leaked into the training rows"
+    with pytest.raises(ValueError, match="warmup_hop_mix"):
+        MultiHopDomain(hops=(1, 3), warmup_hop_mix=(1, 1))
+
+
 def test_warmup_questions_are_apart_from_train_and_test():
     domain = MultiHopDomain(num_entities=60, num_distractors=10, warmup_fraction=0.3)
     text = lambda rows: {r["prompt"][-1]["content"] for r in rows}  # noqa: E731

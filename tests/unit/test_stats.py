@@ -9,7 +9,22 @@ import pytest
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.metrics import ratios, step_counts
-from tracerl.core.stats import cost_to_reach, interpolate_at, paired_difference, t_quantile_975
+from tracerl.core.stats import (
+    Curve,
+    Success,
+    cost_to_reach,
+    diff_at_baseline_cost,
+    holm,
+    interpolate_at,
+    isotonic,
+    num_eval_questions,
+    paired_difference,
+    paired_t_pvalue,
+    seed_bootstrap,
+    share_to_reach,
+    t_cdf,
+    t_quantile_975,
+)
 from tracerl.core.tree import Segment, Tree
 
 
@@ -118,3 +133,138 @@ def test_informative_counts_read_the_advantages_before_batch_whitening():
     assert counts["num_informative_rollouts"] == 4
     assert counts["num_informative_tokens"] == 4 * 5 + 3 * 2
     assert counts["num_nonzero_adv_tokens"] == counts["num_informative_tokens"] + 4 * 5  # whitened: all of them
+
+
+def test_a_continuation_is_priced_at_its_cost_and_its_own_tokens():
+    """A tree: one fresh rollout that failed (2 + 5 policy tokens), then 2 continuations from its first turn, one
+    success and one failure (6 tokens each). All 3 rollouts are informative; counted, that is 3 per 2 units spent;
+    priced, the continuations are half a unit each and sampled only their own tokens."""
+    tree = Tree.new("branched", "prompt")
+    inner = tree.add_child(0, Segment.text_only("call", "obs", 2, 3))
+    tree.add_child(inner, Segment.text_only("answer", "", 5, 0), reward=0)
+    for r in (1, 0):
+        tree.add_child(inner, Segment.text_only("answer", "", 6, 0), reward=r, origin="continuation", anchor_id=inner)
+    adv = compute_advantages("trace", [tree])
+    counts = step_counts([tree], adv, units_spent=2.0, tokens_spent=19)
+    assert counts["num_informative_rollouts"] == 3
+    assert counts["informative_units"] == pytest.approx(1 + 0.5 + 0.5)
+    assert counts["num_informative_sampled_tokens"] == 7 + 6 + 6
+    measures = ratios(counts)
+    assert measures["informative_rollouts_per_budget"] == pytest.approx(1.5)  # more than one per unit: unpriced
+    assert measures["informative_units_per_unit"] == pytest.approx(1.0)
+    assert measures["informative_sampled_tokens_per_token"] == pytest.approx(1.0)
+    assert ratios(step_counts([tree], adv, 2.5, 19, continuation_cost=0.75))["informative_units_per_unit"] == \
+        pytest.approx(2.5 / 2.5)
+    assert step_counts([tree], adv, 2.5, 19, continuation_cost=0.75)["informative_units"] == pytest.approx(2.5)
+
+
+def test_priced_measures_of_uninformative_rollouts_are_zero():
+    trees = [_star([1, 0], "mixed", tokens=4), _star([1, 1], "all-success", tokens=10)]
+    counts = step_counts(trees, compute_advantages("grpo", trees), units_spent=4.0, tokens_spent=28)
+    measures = ratios(counts)
+    assert measures["informative_units_per_unit"] == pytest.approx(2 / 4)
+    assert measures["informative_sampled_tokens_per_token"] == pytest.approx(8 / 28)
+
+
+# ------------------------------------------------------------------------------ tests and corrections
+def test_t_cdf_matches_the_table_of_quantiles():
+    for dof in (1, 2, 4, 9, 30):
+        assert t_cdf(t_quantile_975(dof), dof) == pytest.approx(0.975, abs=2e-4), dof
+    assert t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert t_cdf(-1.5, 6) == pytest.approx(1 - t_cdf(1.5, 6))
+
+
+def test_paired_t_pvalue_is_005_at_the_edge_of_the_95_interval():
+    d = np.array([-1.0, 0.0, 1.0, 2.0, 3.0])
+    half = t_quantile_975(4) * d.std(ddof=1) / math.sqrt(5)
+    assert paired_t_pvalue(d - d.mean() + half) == pytest.approx(0.05, abs=1e-3)
+    assert paired_t_pvalue([0.1, -0.1]) == pytest.approx(1.0)
+    assert math.isnan(paired_t_pvalue([0.3]))
+
+
+def test_holm_multiplies_the_smallest_p_by_the_number_of_tests_and_stays_monotone():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    adjusted = holm([0.2, float("nan"), 0.01])  # a missing test does not count
+    assert adjusted[0] == pytest.approx(0.2) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
+    assert holm([0.9, 0.3]) == pytest.approx([0.9, 0.6])  # never below a smaller p's adjustment
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # never above 1
+
+
+def test_isotonic_pools_adjacent_violators():
+    assert isotonic([0.1, 0.3, 0.2, 0.4]) == pytest.approx([0.1, 0.25, 0.25, 0.4])
+    assert isotonic([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
+    assert isotonic([1.0, 3.0, 2.0], weights=[1, 1, 3]) == pytest.approx([1.0, 2.25, 2.25])
+
+
+def test_num_eval_questions_follows_the_variance():
+    assert num_eval_questions(0.4, 0.02) == 416  # (0.4 / 0.02)^2 = 400, up to a multiple of 32
+    assert num_eval_questions(0.4, 0.04) == 128  # half the SE, a quarter of the questions (100 -> 128)
+    with pytest.raises(ValueError):
+        num_eval_questions(0.4, 0.0)
+
+
+# ------------------------------------------------------------------------------ per-seed readings, bootstrap
+def _curve(cost, success, num_q=8):
+    return Curve(np.asarray(cost, dtype=float), np.repeat(np.asarray(success, dtype=float)[:, None], num_q, axis=1))
+
+
+def test_share_to_reach_is_read_per_seed_on_the_fitted_curve():
+    base = _curve([0, 100, 200, 300, 400], [0.50, 0.52, 0.54, 0.56, 0.55])  # fitted final 0.555
+    fast = _curve([0, 100, 200, 300], [0.50, 0.53, 0.60, 0.50])
+    # the fitted fast curve: 0.50, 0.53, 0.55, 0.55 pools the last two; it first reaches 0.555 never -> inf
+    assert share_to_reach(fast.mean(), base.mean()) == math.inf
+    faster = _curve([0, 100, 200], [0.50, 0.5275, 0.58])
+    want = (100 + 100 * (0.555 - 0.5275) / (0.58 - 0.5275)) / 400
+    assert share_to_reach(faster.mean(), base.mean()) == pytest.approx(want)
+    # read at its end: never extrapolated
+    assert diff_at_baseline_cost(faster.mean(), base.mean()) == pytest.approx(0.58 - 0.55)
+
+
+def test_a_noisy_spike_above_the_target_is_not_a_crossing():
+    """Read off the raw points, one lucky evaluation at 100 tokens would make the share 25%."""
+    base = _curve([0, 400], [0.50, 0.56])
+    spiky = _curve([0, 100, 200, 300, 400], [0.50, 0.57, 0.51, 0.52, 0.60])
+    assert share_to_reach(spiky.mean(), base.mean()) > 0.5
+
+
+def test_seed_bootstrap_pools_per_seed_values_and_covers_them():
+    rng = np.random.default_rng(1)
+    pairs = []
+    for s, gain in enumerate([0.01, 0.02, 0.03, 0.04]):
+        base = Curve(np.array([0.0, 100.0]), rng.random((2, 16)))
+        pairs.append((Curve(base.cost, base.per_question + gain), base))
+    est = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=400)
+    assert est.per_seed == pytest.approx((0.01, 0.02, 0.03, 0.04))
+    assert est.mean == pytest.approx(0.025)
+    assert 0.01 <= est.lo < est.mean < est.hi <= 0.04  # a constant shift per seed: questions add no spread
+    shares = seed_bootstrap(share_to_reach, [(_curve([0, 50], [0.5, 0.6]), _curve([0, 100], [0.5, 0.6]))] * 3,
+                            num_resamples=50)
+    assert shares.mean == pytest.approx(0.5) and shares.lo == shares.hi == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="same questions"):
+        seed_bootstrap(diff_at_baseline_cost, [(_curve([0], [0.5], 4), _curve([0], [0.5], 5))])
+
+
+def test_the_statistics_read_many_resampled_curves_at_once_as_they_read_one():
+    rng = np.random.default_rng(3)
+    method = Curve(np.array([0.0, 100.0, 200.0]), rng.random((3, 6)))
+    base = Curve(np.array([0.0, 150.0]), rng.random((2, 6)))
+    weights = rng.dirichlet(np.ones(6), size=4).T  # (Q, R)
+    for statistic in (diff_at_baseline_cost, share_to_reach):
+        together = statistic(method.mean(weights), base.mean(weights))
+        alone = [statistic(Success(method.cost, method.per_question @ w), Success(base.cost, base.per_question @ w))
+                 for w in weights.T]
+        assert np.allclose(together, alone), statistic.__name__
+
+
+def test_seed_bootstrap_with_question_noise_is_wider_than_without():
+    rng = np.random.default_rng(2)
+    pairs = []
+    for s in range(5):
+        base = Curve(np.array([0.0, 100.0]), (rng.random((2, 64)) < 0.5).astype(float))
+        method = Curve(base.cost, (rng.random((2, 64)) < 0.55).astype(float))
+        pairs.append((method, base))
+    with_q = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=500)
+    without = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=500, resample_questions=False)
+    assert with_q.mean == without.mean
+    assert with_q.hi - with_q.lo > without.hi - without.lo

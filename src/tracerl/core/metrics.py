@@ -1,9 +1,19 @@
 """The allocation measures (docs/design.md, "Measures"), computed from one step's trees.
 
 The primary measure is informative samples: rollouts, and policy tokens, whose advantage before any batch-level
-whitening is non-zero, per budget unit and per sampled token. That is what a policy gradient can learn from.
-Mixed trees per unit (what `v_root` maximises) and the effective ratio are reported beside it, never alone:
-spreading the budget thinly raises both while producing fewer informative rollouts.
+whitening is non-zero. That is what a policy gradient can learn from. It leads priced, each sample at what it cost:
+
+- `informative_units_per_unit`: informative rollouts weighted by their budget cost (a fresh rollout 1, a
+  continuation `continuation_cost`, 0.5 by default) over the units spent: the share of the budget that bought
+  signal. Counting a continuation as a whole rollout per unit (`informative_rollouts_per_budget`) makes a tree look
+  better by accounting alone: 2 informative continuations then count 2 for the price of 1.
+- `informative_sampled_tokens_per_token`: the tokens each informative rollout sampled itself (below its anchor;
+  a shared prefix counts once, with the rollout that sampled it) over all sampled tokens. At most 1.
+
+The unpriced counts stay beside them (`informative_rollouts_per_budget`, `informative_rollouts_per_ktoken`,
+`informative_tokens_per_token`, `informative_rollout_frac`). Mixed trees per unit (what `v_root` maximises) and the
+effective ratio are reported beside these, never alone: spreading the budget thinly raises both while producing
+fewer informative rollouts.
 
 Counts are returned alongside the ratios so that several steps can be pooled as a ratio of sums
 (`pool_counts`) instead of a mean of ratios, which overweights small steps.
@@ -15,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tracerl.core.allocation import CONTINUATION_COST
 from tracerl.core.advantages import (
     BEFORE_BATCH_WHITENING,
     AdvantageConfig,
@@ -25,7 +36,8 @@ from tracerl.core.history import History
 from tracerl.core.tree import Tree
 
 
-INFORMATIVE_MEASURES = ("informative_rollouts_per_budget", "informative_rollouts_per_ktoken",
+PRICED_MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")
+INFORMATIVE_MEASURES = (*PRICED_MEASURES, "informative_rollouts_per_budget", "informative_rollouts_per_ktoken",
                         "informative_tokens_per_token", "informative_rollout_frac")
 
 
@@ -38,16 +50,26 @@ def raw_advantages(name: str, trees: Sequence[Tree], advantages: Sequence[TreeAd
     return advantages if before is None else before(list(trees), config or AdvantageConfig())
 
 
+def rollout_price(tree: Tree, leaf: int, continuation_cost: float = CONTINUATION_COST) -> tuple[float, int]:
+    """(budget units, sampled policy tokens) of the rollout ending at `leaf`: 1 for a fresh rollout (anchored at the
+    root), `continuation_cost` for a continuation; its tokens are those of the nodes below its anchor."""
+    anchor = tree.nodes[leaf].anchor_id
+    path = tree.path(leaf)
+    own = path[path.index(anchor) + 1:]
+    return (1.0 if anchor == 0 else continuation_cost), sum(tree.nodes[i].segment.num_policy_tokens for i in own)
+
+
 def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], units_spent: float,
                 tokens_spent: int, atol: float = 1e-12,
-                raw_advantages: Sequence[TreeAdvantages] | None = None) -> dict[str, float]:
+                raw_advantages: Sequence[TreeAdvantages] | None = None,
+                continuation_cost: float = CONTINUATION_COST) -> dict[str, float]:
     """Raw counts of one step: selected prompts, mixed trees and anchors, policy tokens, budget spent, and the
-    informative rollouts and tokens.
+    informative rollouts and tokens, counted and priced (`rollout_price`).
 
     `advantages` are what the policy is trained on; `raw_advantages` the same estimator's output before any
     batch-level whitening (defaults to `advantages`, right for every estimator that does not whiten over the
     batch). Informative counts read the raw ones: whitening gives an all-equal tree non-zero advantages that
-    carry no contrast."""
+    carry no contrast. `continuation_cost` is the run's `allocation.continuation_cost`."""
     num_mixed_trees = num_anchors = num_mixed_anchors = 0
     num_leaves = num_success = 0
     for tree in trees:
@@ -62,12 +84,20 @@ def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], uni
     num_nonzero, num_tokens = nonzero_adv_token_counts(trees, advantages, atol)
     raw = advantages if raw_advantages is None else raw_advantages
     num_informative_tokens, _ = nonzero_adv_token_counts(trees, raw, atol)
-    num_informative = sum(int(np.any(np.abs(row) > atol)) for adv in raw for row in adv.values)
+    num_informative, informative_units, informative_sampled = 0, 0.0, 0
+    for tree, adv in zip(trees, raw):
+        for leaf, row in zip(adv.leaf_ids, adv.values):
+            if np.any(np.abs(row) > atol):
+                units, tokens = rollout_price(tree, leaf, continuation_cost)
+                num_informative += 1
+                informative_units += units
+                informative_sampled += tokens
     return {
         "num_prompts": len(trees), "num_mixed_trees": num_mixed_trees, "num_anchors": num_anchors,
         "num_mixed_anchors": num_mixed_anchors, "num_leaves": num_leaves, "num_success": num_success,
         "num_policy_tokens": num_tokens, "num_nonzero_adv_tokens": num_nonzero,
         "num_informative_rollouts": num_informative, "num_informative_tokens": num_informative_tokens,
+        "informative_units": informative_units, "num_informative_sampled_tokens": informative_sampled,
         "units_spent": float(units_spent), "tokens_spent": int(tokens_spent),
     }
 
@@ -77,6 +107,8 @@ def ratios(counts: dict[str, float]) -> dict[str, float]:
     def div(a, b):
         return float(a) / float(b) if b else float("nan")
     return {
+        "informative_units_per_unit": div(counts["informative_units"], counts["units_spent"]),
+        "informative_sampled_tokens_per_token": div(counts["num_informative_sampled_tokens"], counts["tokens_spent"]),
         "informative_rollouts_per_budget": div(counts["num_informative_rollouts"], counts["units_spent"]),
         "informative_rollouts_per_ktoken": div(1000 * counts["num_informative_rollouts"], counts["tokens_spent"]),
         "informative_tokens_per_token": div(counts["num_informative_tokens"], counts["tokens_spent"]),

@@ -11,14 +11,24 @@ the spread): with S >= 2 seeds it is the Student-t interval over the S per-seed 
 it falls back to the normal interval over the question-level differences, which ignores training noise and is
 labelled so (`PairedDifference.over`).
 
-Deliberately not here: multiple-comparison corrections, bootstrap intervals, anything that reads files.
+Per-seed readings with a bootstrap (`seed_bootstrap`): the cost a method needs to reach the baseline's final
+success, and its share of the baseline's cost, are read on each seed's own curves and only then pooled; a share read
+off the seed-mean curve depends on where its few evaluation points fall. The interval resamples seeds and, within
+each drawn seed, its held-out questions (the same draw for both methods: they are evaluated on the same questions),
+so it carries both the training noise and the evaluation noise. Tokens-to-threshold reads a nondecreasing fit of the
+curve (`isotonic`), so one noisy evaluation above the threshold does not count as reaching it.
+
+Secondary comparisons are corrected with Holm's step-down procedure (`holm`) within a table, on the two-sided p-values
+of the paired t-test over seeds (`paired_t_pvalue`).
+
+Deliberately not here: anything that reads files.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +44,61 @@ def t_quantile_975(dof: int) -> float:
     if dof < 1:
         raise ValueError(f"a t interval needs at least 1 degree of freedom, got {dof}")
     return _T975[dof - 1] if dof <= len(_T975) else _Z975
+
+
+def t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with `dof` degrees of freedom.
+
+    The density f(x) = Gamma((v+1)/2) / (sqrt(v pi) Gamma(v/2)) (1 + x^2/v)^(-(v+1)/2) integrated from 0 to |t| by
+    Simpson's rule on 4,000 intervals (error below 1e-9 for |t| < 50), mirrored about 0."""
+    if dof < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
+    if not math.isfinite(t):
+        return 1.0 if t > 0 else 0.0
+    v, a = float(dof), min(abs(t), 1e4)
+    log_c = math.lgamma((v + 1) / 2) - math.lgamma(v / 2) - 0.5 * math.log(v * math.pi)
+    x = np.linspace(0.0, a, 4001)
+    f = np.exp(log_c - (v + 1) / 2 * np.log1p(x * x / v))
+    half = (a / 4000 / 3) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return float(0.5 + half if t >= 0 else 0.5 - half)
+
+
+def paired_t_pvalue(per_seed: Sequence[float]) -> float:
+    """Two-sided p-value of the one-sample t-test that the mean per-seed difference is 0 (nan below 2 seeds)."""
+    d = np.asarray(per_seed, dtype=float)
+    if len(d) < 2:
+        return float("nan")
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return 1.0 if d.mean() == 0 else 0.0
+    t = d.mean() / (sd / math.sqrt(len(d)))
+    return float(min(1.0, 2 * (1 - t_cdf(abs(t), len(d) - 1))))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), which control the family-wise error rate.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)); reject
+    hypothesis i at level alpha when its adjusted p <= alpha. A nan (no test) stays nan and does not count in m."""
+    p = np.asarray(p_values, dtype=float)
+    tested = np.flatnonzero(~np.isnan(p))
+    adjusted = np.full(len(p), np.nan)
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def num_eval_questions(sd_per_question: float, target_se: float, multiple: int = 32) -> int:
+    """Held-out questions per evaluation for a standard error of `target_se`: ceil((sd / target_se)^2), rounded up
+    to a multiple of `multiple`. `sd_per_question` is the spread over questions of one question's avg@k success
+    (it holds both the spread of question difficulty and the sampling noise of k samples)."""
+    if sd_per_question < 0 or target_se <= 0:
+        raise ValueError(f"need sd_per_question >= 0 and target_se > 0, got {sd_per_question}, {target_se}")
+    n = max(1, math.ceil((sd_per_question / target_se) ** 2))
+    return multiple * math.ceil(n / multiple)
 
 
 def interpolate_at(x: Sequence[float], y: np.ndarray, at: float) -> tuple[np.ndarray, bool]:
@@ -70,6 +135,120 @@ def cost_to_reach(x: Sequence[float], y: Sequence[float], target: float) -> floa
         return float(x[0])
     w = (target - y[j - 1]) / (y[j] - y[j - 1])
     return float(x[j - 1] + w * (x[j] - x[j - 1]))
+
+
+def isotonic(y: Sequence[float], weights: Sequence[float] | None = None) -> np.ndarray:
+    """The nondecreasing sequence closest to `y` in weighted least squares (pool-adjacent-violators)."""
+    values = np.asarray(y, dtype=float).tolist()  # plain floats: this runs once per curve per bootstrap resample
+    w = [1.0] * len(values) if weights is None else np.asarray(weights, dtype=float).tolist()
+    means: list[float] = []
+    totals: list[float] = []
+    lengths: list[int] = []
+    for value, weight in zip(values, w):
+        means.append(value)
+        totals.append(weight)
+        lengths.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m1, w1, n1 = means.pop(), totals.pop(), lengths.pop()
+            means[-1] = (means[-1] * totals[-1] + m1 * w1) / (totals[-1] + w1)
+            totals[-1] += w1
+            lengths[-1] += n1
+    return np.repeat(means, lengths)
+
+
+@dataclass(frozen=True)
+class Success:
+    """Success along a run's evaluations: increasing cost (E,) and success (E,), or (E, R) for R resamples at once."""
+
+    cost: np.ndarray
+    success: np.ndarray
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's held-out evaluations: increasing cost (tokens or units) and (E, Q) per-question success."""
+
+    cost: np.ndarray  # (E,)
+    per_question: np.ndarray  # (E, Q)
+
+    def mean(self, weights: np.ndarray | None = None) -> Success:
+        """Success over the questions: their mean, or with (Q, R) `weights` (columns summing to 1) R weighted means."""
+        y = self.per_question.mean(axis=1) if weights is None else self.per_question @ weights
+        return Success(self.cost, y)
+
+
+def diff_at_baseline_cost(method: Success, baseline: Success) -> np.ndarray:
+    """method minus baseline success, both read at the baseline's final cost (method interpolated, not extrapolated);
+    one value per column."""
+    value, _ = interpolate_at(method.cost, method.success, float(baseline.cost[-1]))
+    return value - baseline.success[-1]
+
+
+def share_to_reach(method: Success, baseline: Success) -> np.ndarray:
+    """Cost the method needs to reach the baseline's final success, over the baseline's final cost; inf if never;
+    one value per column.
+
+    Both curves are read through their `isotonic` fits: the target is the baseline's fitted final success (its last
+    evaluations pooled where they do not rise), and the method's cost is where its fitted curve first reaches it."""
+    mine = method.success.reshape(len(method.cost), -1)  # (E, R)
+    theirs = baseline.success.reshape(len(baseline.cost), -1)
+    out = np.empty(mine.shape[1])
+    for r in range(mine.shape[1]):
+        target = isotonic(theirs[:, r])[-1]
+        cost = cost_to_reach(method.cost, isotonic(mine[:, r]), target - 1e-12)
+        out[r] = math.inf if cost is None else cost / float(baseline.cost[-1])
+    return out if method.success.ndim > 1 else out[0]
+
+
+@dataclass(frozen=True)
+class BootstrapEstimate:
+    """A per-seed statistic pooled as the mean over seeds, with a percentile bootstrap interval."""
+
+    mean: float
+    lo: float
+    hi: float
+    per_seed: tuple[float, ...]
+    num_resamples: int
+    resample_questions: bool
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "per_seed": list(self.per_seed)}
+
+
+def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: Sequence[tuple[Curve, Curve]], *,
+                   num_resamples: int = 2000, level: float = 0.95, resample_questions: bool = True,
+                   seed: int = 0) -> BootstrapEstimate:
+    """statistic(method, baseline) on each seed's (method, baseline) curves, pooled as the mean over seeds.
+
+    Interval: percentile bootstrap. Each resample draws the seeds with replacement and, with `resample_questions`,
+    each drawn seed's questions with replacement (one draw shared by both curves, which are evaluated on the same
+    questions). The question draws are made first, `num_resamples` per seed, as weights on the questions, so that a
+    statistic sees all of a seed's resampled curves at once ((E, R) success); each drawn seed then takes one of its
+    own draws at random. An infinite per-seed value (a method that never reached) makes a mean infinite; the
+    percentiles are read without interpolation, so a bound is infinite only when that share of resamples is."""
+    if not pairs:
+        raise ValueError("seed_bootstrap needs at least one seed")
+    for s, (a, b) in enumerate(pairs):
+        if a.per_question.shape[1] != b.per_question.shape[1]:
+            raise ValueError(f"seed {s}: {a.per_question.shape[1]} and {b.per_question.shape[1]} questions; the "
+                             "curves of one seed must be evaluated on the same questions")
+    per_seed = np.array([float(statistic(a.mean(), b.mean())) for a, b in pairs])
+    rng = np.random.default_rng(seed)
+    replicates = np.repeat(per_seed[:, None], num_resamples, axis=1)  # (S, R)
+    if resample_questions:
+        for s, (a, b) in enumerate(pairs):
+            num_q = a.per_question.shape[1]
+            drawn = rng.integers(num_q, size=(num_resamples, num_q)) + num_q * np.arange(num_resamples)[:, None]
+            counts = np.bincount(drawn.ravel(), minlength=num_resamples * num_q).reshape(num_resamples, num_q)
+            weights = counts.T / num_q  # (Q, R): the share of each resample's draws that fell on each question
+            replicates[s] = statistic(a.mean(weights), b.mean(weights))
+    seeds = rng.integers(len(pairs), size=(num_resamples, len(pairs)))
+    columns = rng.integers(num_resamples, size=(num_resamples, len(pairs)))
+    draws = replicates[seeds, columns].mean(axis=1)  # (R,)
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
+    return BootstrapEstimate(float(per_seed.mean()), float(lo), float(hi), tuple(float(v) for v in per_seed),
+                             num_resamples, resample_questions)
 
 
 @dataclass(frozen=True)

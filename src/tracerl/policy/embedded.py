@@ -25,9 +25,17 @@ all-success. The first shipped build (2-4 hops, 10% noise, 8 turns, every questi
 `configs/multihop-easy.toml`. `metrics.json` records what a build measured; the default took 318 s with one
 thread on a 2-core machine shared with another build, and scored 52.3% ± 5.9% on 64 held-out questions x 4.
 
-It does not do RL, load real checkpoints or tokenizers (`TransformersEngine.from_pretrained` does), or guarantee
-bit-identical builds across machines or torch versions (float summation order differs); a build is reproducible
-on one machine, and a cached build is loaded as is.
+Naming a policy: the cache folder is named by the config (`EmbeddedConfig.key`), but what a run starts from is
+named by its weights: `weights_hash(model)` is the SHA-256 of the state dict's tensors in a canonical order, recorded
+in `metrics.json` (`build/weights_sha256`) and by every run (`run_provenance`, written to `<run>/provenance.json`
+with the torch version and the machine). The build runs on one torch thread whatever the caller set (restored
+after), so its weights cannot depend on the caller's thread count (on the 2-core machine a 20-step build of the
+default config gave bit-identical weights under 1 and 2 threads even unpinned; kernels that split work by thread
+count on other machines would not). They may still depend on the machine and the torch version (float summation
+order), and on code changes that did not bump BUILD_VERSION; a build is reproducible on one machine, a cached build
+is loaded as is, and `tracerl compare` refuses to pair runs whose starting weights differ.
+
+It does not do RL or load real checkpoints or tokenizers (`TransformersEngine.from_pretrained` does).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -48,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
@@ -57,6 +67,9 @@ from tracerl.io.tokenizer import train_tokenizer
 from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
+BUILD_THREADS = 1  # torch threads of a build: a thread count can change float summation order, so the weights
+KEYLESS_DEFAULTS = {"warmup_hop_mix": []}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults
+PROVENANCE_FILE = "provenance.json"  # in a run directory: `write_provenance`, read by the comparison report
 
 Progress = Callable[[str], None]
 
@@ -70,6 +83,7 @@ class EmbeddedConfig:
     num_distractors: int = 120  # look-alike entities that crowd search results; more = harder reading
     hops: tuple[int, int] = (1, 5)  # inclusive range of relations per question; more hops = longer, harder episodes
     hop_mix: tuple[float, ...] = ()  # weight of each hop count in every split (() = uniform over `hops`)
+    warmup_hop_mix: tuple[float, ...] = ()  # hop weights of the warm start's questions only (() = hop_mix)
     missing_share: float = 0.0  # share of real entities without a document, drawn at random
     missing_kinds: tuple[str, ...] = ("university",)  # kinds of entity without documents (the question shows them)
     unanswerable_share: float = 0.25  # share of questions whose chain needs a missing document (they cannot succeed)
@@ -115,21 +129,25 @@ class EmbeddedConfig:
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown EmbeddedConfig field(s) {sorted(unknown)}")
-        tuples = {k: tuple(data[k]) for k in ("hops", "hop_mix", "missing_kinds") if k in data}
+        tuples = {k: tuple(data[k]) for k in ("hops", "hop_mix", "warmup_hop_mix", "missing_kinds") if k in data}
         return cls(**{**data, **tuples})
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "hops": list(self.hops), "hop_mix": list(self.hop_mix),
-                "missing_kinds": list(self.missing_kinds)}
+                "warmup_hop_mix": list(self.warmup_hop_mix), "missing_kinds": list(self.missing_kinds)}
 
     def key(self) -> str:
-        """16 hex digits naming the cache folder: a hash of the config and BUILD_VERSION."""
-        text = json.dumps({"version": BUILD_VERSION, **self.to_dict()}, sort_keys=True)
+        """16 hex digits naming the cache folder: a hash of the config and BUILD_VERSION. A field added after a
+        build version (KEYLESS_DEFAULTS) enters the hash only when it differs from its default, so builds made
+        before it keep their names."""
+        data = {k: v for k, v in self.to_dict().items() if KEYLESS_DEFAULTS.get(k, object()) != v}
+        text = json.dumps({"version": BUILD_VERSION, **data}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def make_domain(self) -> MultiHopDomain:
         return MultiHopDomain(num_entities=self.num_entities, num_distractors=self.num_distractors, hops=self.hops,
                               seed=self.domain_seed, search_k=self.search_k, hop_mix=self.hop_mix,
+                              warmup_hop_mix=self.warmup_hop_mix,
                               missing_share=self.missing_share, missing_kinds=self.missing_kinds,
                               unanswerable_share=self.unanswerable_share,
                               warmup_fraction=self.warmup_fraction)
@@ -149,6 +167,55 @@ class EmbeddedPolicy:
 
     def metrics(self) -> dict[str, Any]:
         return json.loads((self.path / "metrics.json").read_text())
+
+    def weights_hash(self) -> str:
+        return weights_hash(self.model)
+
+
+def weights_hash(model: torch.nn.Module | dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) of a model's weights: for every state-dict entry in sorted name order, its name, dtype, shape
+    and raw bytes. Equal hashes mean bit-identical weights under the same names; the device does not enter it."""
+    state = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def machine_description() -> dict[str, Any]:
+    """What a float result can depend on besides the code: torch and transformers versions, CPU, GPU, threads."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu": cpu, "num_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def run_provenance(model: torch.nn.Module | dict[str, torch.Tensor], source: str = "") -> dict[str, Any]:
+    """What a run starts from: the weights hash (`weights_hash` of the weights a sampler would load; with LoRA the
+    merged weights, equal to the base model's at step 0), where they came from (`source`: a cache folder, a model
+    directory) and the machine (`machine_description`)."""
+    return {"weights_sha256": weights_hash(model), "source": str(source), **machine_description()}
+
+
+def write_provenance(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
+    """`<run_dir>/provenance.json`, written once: a resumed run keeps the record of the weights it started from."""
+    path = Path(run_dir) / PROVENANCE_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(provenance, indent=1))
+        tmp.replace(path)
+    return path
 
 
 def default_cache_dir() -> Path:
@@ -322,13 +389,19 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
 
     cache_dir defaults to $TRACERL_CACHE or ~/.cache/tracerl; rebuild=True builds anew and replaces the cache.
     `domain` is a user's task (`tracerl.io.task.UserTaskDomain`, with an expert) in place of the multihop world;
-    its fingerprint joins the cache key, and the multihop fields of `config` are then unused."""
+    its fingerprint joins the cache key, and the multihop fields of `config` are then unused. A build runs on
+    BUILD_THREADS torch threads, whatever the caller set (restored on return)."""
     say = progress or (lambda message: None)
     key = config.key() if domain is None else f"{config.key()}-task-{domain.fingerprint()}"
     path = Path(cache_dir or default_cache_dir()) / key
     if (path / "metrics.json").exists() and not rebuild:
         say(f"loading the embedded policy from {path}")
         return load_embedded(path, domain)
+    with torch_threads(BUILD_THREADS):
+        return _build(config, path, say, domain)
+
+
+def _build(config: EmbeddedConfig, path: Path, say: Progress, domain: Any) -> EmbeddedPolicy:
     started = time.perf_counter()
     user_task = domain is not None
     domain = domain or config.make_domain()
@@ -369,12 +442,14 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
                "train/noisy_turn_share": sum(e.num_noisy_turns for e in episodes) / sum(len(e.turns) for e in episodes),
                "train/mean_trace_tokens": float(np.mean([len(ids) for ids, _ in traces])),
                "train/num_parameters": num_params, "train/vocab_size": len(tokenizer),
+               "build/weights_sha256": weights_hash(model), "build/machine": machine_description(),
                "sys/build_seconds": time.perf_counter() - started, **result}
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar would break tracerl's own progress bar
     _save(policy, metrics)
-    say(f"saved the embedded policy to {path} ({metrics['sys/build_seconds']:.0f} s)")
+    say(f"saved the embedded policy to {path} ({metrics['sys/build_seconds']:.0f} s, weights sha256 "
+        f"{metrics['build/weights_sha256'][:16]})")
     return load_embedded(path, domain if user_task else None)  # as later calls load it (module docstring)
 
 

@@ -5,20 +5,29 @@
 per-step budget, data order and held-out questions. This module only reads those run directories and writes:
 
 - `compare.md` / `compare.json`: per method, held-out success before and after (mean ± std over seeds), budget
-  units and sampled tokens spent, the informative samples per unit and per sampled token (rollouts with a
-  non-zero advantage: what the gradient learns from) beside mixed trees per unit and the effective ratio; and
-  against the baseline, the paired difference of held-out success with its 95% confidence interval, read at the
-  baseline's final budget units and at its final sampled tokens (each run's per-question curve interpolated
-  between its evaluations, `tracerl.core.stats`), and the share of the baseline's tokens and units a method
-  needs to reach the baseline's final success (seed-mean curves, interpolated).
+  units and sampled tokens spent, the informative samples priced at what they cost (informative units per unit,
+  informative sampled tokens per token: `tracerl.core.metrics`) first, then counted (per unit, per 1k tokens),
+  beside mixed trees per unit and the effective ratio; and against the baseline:
+  - the paired difference of held-out success at the baseline's final sampled tokens (and units), each run's
+    per-question curve interpolated between its evaluations: a t interval over seeds, a bootstrap interval over
+    seeds and questions, the t-test's p-value and its Holm adjustment over the table's comparisons;
+  - the share of the baseline's tokens (and units) a method needs to reach the baseline's final success, read on
+    each seed's own curves (`tracerl.core.stats.share_to_reach`) and pooled as the mean over seeds, with a
+    bootstrap interval over seeds and questions. Never read off the seed-mean curve: with a few evaluation points
+    that reading is an artefact of where the points fall.
 - the regime: the share of all-fail / mixed / all-success prompts in the baseline's first step, when the baseline
   samples a fixed n per prompt (GRPO: its first batch is a sample of the starting policy's regime);
-- plots: success against cumulative tokens and against units, and informative rollouts per unit per step.
+- the evaluation's resolution: the spread of one question's avg@k success, the standard error of one evaluation
+  point, and the questions per point a target standard error needs (`tracerl.core.stats.num_eval_questions`);
+- plots: success against cumulative tokens and against units, each seed's curve and the pooled one, and
+  informative samples per unit per step.
 
 Only seeds whose runs exist for every method and reached the same last step are read, so a comparison still
-running (or stopped part-way) reports what is complete.
+running (or stopped part-way) reports what is complete. Runs whose starting weights differ (`provenance.json`,
+written by `tracerl.policy.embedded.write_provenance`) are refused with their names: their differences would
+mix the methods with the builds.
 
-Deliberately not here: training (`tracerl.train.compare`), multiple-comparison corrections.
+Deliberately not here: training (`tracerl.train.compare`).
 """
 
 from __future__ import annotations
@@ -30,12 +39,26 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.core.stats import cost_to_reach, interpolate_at, paired_difference
+from tracerl.core.stats import (
+    Curve,
+    diff_at_baseline_cost,
+    holm,
+    interpolate_at,
+    num_eval_questions,
+    paired_difference,
+    paired_t_pvalue,
+    seed_bootstrap,
+    share_to_reach,
+)
 from tracerl.io.runlog import read_metrics, read_trees
 
 Say = Callable[[str], None]
-INFORMATIVE = ("informative_rollouts_per_budget", "informative_rollouts_per_ktoken", "informative_tokens_per_token")
+INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
+               "informative_rollouts_per_budget", "informative_rollouts_per_ktoken", "informative_tokens_per_token")
 ALLOCATION = ("effective_ratio", "mixed_trees_per_budget")
+PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer above torch's)
+TARGET_POINT_SE = 0.025  # the standard error of one evaluation point the report sizes the question count for
+NUM_RESAMPLES = 2000  # bootstrap resamples per interval
 
 
 def run_dir_name(label: str, seed: int) -> str:
@@ -44,12 +67,42 @@ def run_dir_name(label: str, seed: int) -> str:
     return f"{safe}-seed{seed}"
 
 
-def load_run(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+def load_run(run_dir: Path) -> dict[str, Any]:
     rows = read_metrics(run_dir)
-    run = {"train": [r for r in rows if r["kind"] == "train"], "eval": [r for r in rows if r["kind"] == "eval"]}
-    if run["train"] and "alloc/informative_rollouts_per_budget" not in run["train"][-1]:
+    run = {"train": [r for r in rows if r["kind"] == "train"], "eval": [r for r in rows if r["kind"] == "eval"],
+           "name": run_dir.name, "provenance": read_provenance(run_dir)}
+    if run["train"] and "alloc/informative_units_per_unit" not in run["train"][-1]:
         _informative_from_trees(run_dir, run["train"])
     return run
+
+
+def read_provenance(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `provenance.json` (starting weights hash, torch version, machine), or None for a run without one."""
+    path = run_dir / PROVENANCE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def check_same_weights(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Refuse runs that start from different weights, naming them; say how many runs recorded none.
+
+    Returns {"weights_sha256": the shared hash or None, "num_unrecorded": runs without provenance, "machines": the
+    distinct (torch, cpu, gpu) the runs recorded}."""
+    by_hash: dict[str, list[str]] = {}
+    unrecorded, machines = 0, set()
+    for seed_runs in runs.values():
+        for run in seed_runs:
+            record = run.get("provenance")
+            if not record:
+                unrecorded += 1
+                continue
+            by_hash.setdefault(record["weights_sha256"], []).append(run["name"])
+            machines.add((record.get("torch"), record.get("cpu"), record.get("gpu")))
+    if len(by_hash) > 1:
+        groups = "; ".join(f"{h[:16]}: {', '.join(sorted(names))}" for h, names in sorted(by_hash.items()))
+        raise ValueError(f"the runs start from {len(by_hash)} different weights ({groups}); a comparison pairs runs "
+                         "of one starting policy: train every entry and seed from the same build")
+    return {"weights_sha256": next(iter(by_hash), None), "num_unrecorded": unrecorded,
+            "machines": [list(m) for m in sorted(machines, key=str)]}
 
 
 def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
@@ -69,6 +122,7 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
     known = {f.name for f in dataclasses.fields(AdvantageConfig)}
     adv_config = AdvantageConfig(**{k: v for k, v in config.get("advantages", {}).items() if k in known})
     estimator = get_method(config["method"]).advantage
+    continuation_cost = config.get("allocation", {}).get("continuation_cost", 0.5)
     for row in train:
         try:
             trees = [Tree.from_dict(t) for t in read_trees(run_dir, row["step"])["trees"]]
@@ -76,7 +130,8 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
             continue
         advantages = compute_advantages(estimator, trees, adv_config)
         raw = raw_advantages(estimator, trees, advantages, adv_config)
-        counts = step_counts(trees, advantages, row["rollout/units"], row["rollout/tokens"], raw_advantages=raw)
+        counts = step_counts(trees, advantages, row["rollout/units"], row["rollout/tokens"], raw_advantages=raw,
+                             continuation_cost=continuation_cost)
         row.update({f"alloc/{key}": value for key, value in ratios(counts).items() if key in INFORMATIVE_MEASURES})
 
 
@@ -104,6 +159,10 @@ def curve(run: dict[str, list[dict]], axis: str) -> tuple[np.ndarray, np.ndarray
     x = np.array([r[f"rollout/cum_{axis}"] for r in evals], dtype=float)
     y = np.array([r["eval/per_prompt"] for r in evals], dtype=float)
     return x, y
+
+
+def _curves(seed_runs: list[dict], axis: str) -> list[Curve]:
+    return [Curve(*curve(run, axis)) for run in seed_runs]
 
 
 def _mean_curve(seed_runs: list[dict], axis: str) -> tuple[np.ndarray, np.ndarray]:
@@ -152,27 +211,83 @@ def summarize(runs: dict[str, list[dict]], baseline: str | None, seeds: list[int
             **{key: _train_mean(seed_runs, f"alloc/{key}") for key in INFORMATIVE + ALLOCATION},
         }
     if baseline:
-        base = runs[baseline]
         for label, seed_runs in runs.items():
-            row = rows[label]
-            for axis in ("units", "tokens"):
-                mine, theirs, short = [], [], 0
-                for run, base_run in zip(seed_runs, base):
-                    bx, by = curve(base_run, axis)
-                    x, y = curve(run, axis)
-                    value, reached = interpolate_at(x, y, bx[-1])
-                    short += not reached
-                    mine.append(value)
-                    theirs.append(by[-1])
-                row[f"diff_at_equal_{axis}"] = paired_difference(mine, theirs).to_dict()
-                row[f"seeds_short_of_{axis}"] = short  # runs that spent less than the baseline: read at their end
-                x, y = _mean_curve(seed_runs, axis)
-                cost = cost_to_reach(x, y, rows[baseline]["success_after"])
-                row[f"{axis}_to_baseline"] = cost
-                row[f"share_of_baseline_{axis}"] = None if cost is None else cost / rows[baseline][axis]
+            rows[label].update(_against_baseline(seed_runs, runs[baseline], rows[baseline]))
+        _holm_within_table(rows, baseline)
     first = next(iter(runs.values()))
-    return {"baseline": baseline, "seeds": seeds, "methods": rows,
+    return {"baseline": baseline, "seeds": seeds, "methods": rows, "resolution": resolution(runs, baseline),
             "regime": [r for r in (run.get("regime") for run in runs.get(baseline, first)) if r]}
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: a share that was never reached is stored as None."""
+    return float(value) if np.isfinite(value) else None
+
+
+def _against_baseline(seed_runs: list[dict], base_runs: list[dict], base_row: dict[str, Any]) -> dict[str, Any]:
+    """One entry against the baseline, per seed then pooled: difference at the baseline's final cost (t and
+    bootstrap intervals, p-value) and share of the baseline's cost to reach its final success (bootstrap)."""
+    row: dict[str, Any] = {}
+    for axis in ("units", "tokens"):
+        mine, theirs = _curves(seed_runs, axis), _curves(base_runs, axis)
+        pairs = list(zip(mine, theirs))
+        at, short = [], 0
+        for m, b in pairs:
+            value, reached = interpolate_at(m.cost, m.per_question, float(b.cost[-1]))
+            short += not reached
+            at.append(value)
+        diff = paired_difference(at, [b.per_question[-1] for b in theirs]).to_dict()
+        boot = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=NUM_RESAMPLES)
+        diff.update({"boot_lo": boot.lo, "boot_hi": boot.hi, "p": paired_t_pvalue(diff["per_seed"])})
+        row[f"diff_at_equal_{axis}"] = diff
+        row[f"seeds_short_of_{axis}"] = short  # runs that spent less than the baseline: read at their end
+        share = seed_bootstrap(share_to_reach, pairs, num_resamples=NUM_RESAMPLES)
+        row[f"share_of_baseline_{axis}"] = _finite(share.mean)
+        row[f"share_of_baseline_{axis}_ci"] = {"lo": _finite(share.lo), "hi": _finite(share.hi),
+                                               "per_seed": [_finite(v) for v in share.per_seed],
+                                               "num_unreached": sum(not np.isfinite(v) for v in share.per_seed)}
+        row[f"{axis}_to_baseline"] = None if row[f"share_of_baseline_{axis}"] is None else \
+            row[f"share_of_baseline_{axis}"] * base_row[axis]
+    return row
+
+
+def _holm_within_table(rows: dict[str, dict[str, Any]], baseline: str) -> None:
+    """Holm-adjusted p-values over the table's comparisons with the baseline, one family per cost axis."""
+    labels = [label for label in rows if label != baseline]
+    for axis in ("units", "tokens"):
+        adjusted = holm([rows[label][f"diff_at_equal_{axis}"]["p"] for label in labels])
+        for label, p in zip(labels, adjusted):
+            rows[label][f"diff_at_equal_{axis}"]["p_holm"] = p
+
+
+def resolution(runs: dict[str, list[dict]], baseline: str | None = None) -> dict[str, Any]:
+    """How finely one evaluation point resolves success: the spread over questions of a question's avg@k success
+    (pooled over every run's evaluations), the standard error of one point with the questions used, and the
+    questions per point for a standard error of TARGET_POINT_SE; with a baseline, the same for the paired
+    difference (method minus baseline on the same questions at the same step, step 0 left out), which is what a
+    paired reading pays: question difficulty cancels in it."""
+    variances = [np.var(r["eval/per_prompt"], ddof=1) for seed_runs in runs.values() for run in seed_runs
+                 for r in run["eval"] if len(r["eval/per_prompt"]) > 1]
+    first = next(iter(runs.values()))[0]["eval"]
+    num_q = len(first[0]["eval/per_prompt"])
+    sd = float(np.sqrt(np.mean(variances))) if variances else float("nan")
+    paired = []
+    for label, seed_runs in runs.items():
+        if baseline is None or label == baseline or num_q < 2:
+            continue
+        for run, base_run in zip(seed_runs, runs[baseline]):
+            base = {r["step"]: r["eval/per_prompt"] for r in base_run["eval"] if r["step"] > 0}
+            paired += [np.var(np.subtract(r["eval/per_prompt"], base[r["step"]]), ddof=1)
+                       for r in run["eval"] if r["step"] in base]
+    sd_paired = float(np.sqrt(np.mean(paired))) if paired else float("nan")
+
+    def questions(spread):
+        return num_eval_questions(spread, TARGET_POINT_SE) if np.isfinite(spread) else None
+
+    return {"sd_per_question": sd, "num_questions": num_q, "point_se": sd / np.sqrt(num_q),
+            "eval_steps": [r["step"] for r in first], "target_point_se": TARGET_POINT_SE,
+            "questions_for_target": questions(sd), "sd_paired_per_question": sd_paired,
+            "paired_point_se": sd_paired / np.sqrt(num_q), "paired_questions_for_target": questions(sd_paired)}
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -187,47 +302,89 @@ def _ci(diff: dict[str, Any]) -> str:
     return f"{100 * diff['mean']:+.1f} [{100 * diff['lo']:+.1f}, {100 * diff['hi']:+.1f}]"
 
 
+def _boot(diff: dict[str, Any]) -> str:
+    return f"[{100 * diff['boot_lo']:+.1f}, {100 * diff['boot_hi']:+.1f}]"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
+def _share(row: dict[str, Any], axis: str) -> str:
+    """Mean per-seed share with its bootstrap interval; an unreached seed makes the share unbounded."""
+    ci = row[f"share_of_baseline_{axis}_ci"]
+    if row[f"share_of_baseline_{axis}"] is None:
+        return f"not reached on {ci['num_unreached']} of {len(ci['per_seed'])} seeds"
+    hi = "unbounded" if ci["hi"] is None else _pct(ci["hi"], 0)  # over 2.5% of resamples never reached
+    return f"{_pct(row[f'share_of_baseline_{axis}'], 0)} [{_pct(ci['lo'], 0)}, {hi}]"
+
+
 def to_markdown(summary: dict[str, Any], command: str) -> str:
     base, methods = summary["baseline"], summary["methods"]
     any_row = next(iter(methods.values()))
     lines = [f"Held-out success (avg@k) on the same {any_row['num_questions']} questions per seed for every method, "
              f"{any_row['seeds']} seed(s) ({', '.join(map(str, summary['seeds']))}), {any_row['steps']} steps.", ""]
+    weights = summary.get("weights")
+    if weights:
+        recorded = "every run" if not weights["num_unrecorded"] else \
+            f"{weights['num_unrecorded']} run(s) recorded none (unchecked); the others"
+        lines += ["Starting weights: " + (f"{recorded} started from sha256 {weights['weights_sha256'][:16]}"
+                                          if weights["weights_sha256"] else "not recorded by any run (unchecked)")
+                  + "".join(f"; torch {t}, {c}" + (f", {g}" if g else "") for t, c, g in weights["machines"]) + ".",
+                  ""]
     if summary["regime"]:
         shares = {k: np.mean([r[k] for r in summary["regime"]]) for k in ("all_fail", "mixed", "all_success")}
         num = sum(r["num_prompts"] for r in summary["regime"])
         lines += [f"Regime ({base}'s first batch, {num} prompts over the seeds): all-fail {_pct(shares['all_fail'])}, "
                   f"mixed {_pct(shares['mixed'])}, all-success {_pct(shares['all_success'])}.", ""]
     head = ["method", "success before", "after (mean ± std over seeds)", "mean SE per run", "budget units",
-            "sampled tokens", "informative rollouts / unit", "informative rollouts / 1k tokens",
-            "informative tokens / token", "mixed trees / unit", "effective ratio"]
+            "sampled tokens", "informative units / unit (priced)", "informative sampled tokens / token (priced)",
+            "informative rollouts / unit (counted)", "informative rollouts / 1k tokens",
+            "informative tokens / token (counted per rollout)", "mixed trees / unit", "effective ratio"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, r in methods.items():
         lines.append("| " + " | ".join([
             label, _pct(r["success_before"]), f"{_pct(r['success_after'])} ± {_pct(r['success_after_std'])}",
             _pct(r["success_after_se"]), f"{r['units']:.0f}", f"{r['tokens']:,.0f}",
+            _num(r["informative_units_per_unit"], ".3f"), _num(r["informative_sampled_tokens_per_token"], ".3f"),
             _num(r["informative_rollouts_per_budget"], ".3f"), _num(r["informative_rollouts_per_ktoken"], ".2f"),
             _num(r["informative_tokens_per_token"], ".3f"), _num(r["mixed_trees_per_budget"], ".4f"),
             _num(r["effective_ratio"], ".3f")]) + " |")
+    lines += ["", "Priced: an informative rollout counts at its budget cost (a continuation at `continuation_cost`) "
+              "and with the tokens it sampled itself; counted: every informative rollout as one."]
     if base:
-        head = ["method", f"minus {base} at equal units, points [95% CI]", f"minus {base} at equal tokens [95% CI]",
-                f"tokens to reach {base}'s final success", f"share of {base}'s tokens", f"share of {base}'s units"]
+        head = ["method", f"minus {base} at equal tokens, points [95% t CI]", "[95% bootstrap CI]", "p", "p (Holm)",
+                f"share of {base}'s tokens to reach its final success [95% bootstrap CI]",
+                f"minus {base} at equal units [95% t CI]", f"share of {base}'s units"]
         lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, r in methods.items():
             if label == base:
                 continue
-            short = r["seeds_short_of_tokens"]
+            tokens, short = r["diff_at_equal_tokens"], r["seeds_short_of_tokens"]
             lines.append("| " + " | ".join([
-                label, _ci(r["diff_at_equal_units"]),
-                _ci(r["diff_at_equal_tokens"]) + (f" ({short} run(s) read at their last, lower, token count)"
-                                                  if short else ""),
-                "not reached" if r["tokens_to_baseline"] is None else f"{r['tokens_to_baseline']:,.0f}",
-                _pct(r["share_of_baseline_tokens"], 0), _pct(r["share_of_baseline_units"], 0)]) + " |")
+                label, _ci(tokens) + (f" ({short} run(s) read at their last, lower, token count)" if short else ""),
+                _boot(tokens), _p(tokens["p"]), _p(tokens.get("p_holm")), _share(r, "tokens"),
+                _ci(r["diff_at_equal_units"]), _share(r, "units")]) + " |")
         over = next((r["diff_at_equal_units"]["over"] for k, r in methods.items() if k != base), "seeds")
-        lines += ["", "Differences are paired by seed and question; the interval is "
-                  + ("Student's t over the per-seed mean differences." if over == "seeds" else
-                     "normal over questions (one seed: training noise is not in it).")
-                  + " A curve is read at another cost by interpolating between its evaluations, never beyond its "
-                  "last one."]
+        lines += ["", "Differences are paired by seed and question; the t interval is "
+                  + ("Student's t over the per-seed mean differences" if over == "seeds" else
+                     "normal over questions (one seed: training noise is not in it)")
+                  + f", the bootstrap interval resamples seeds and each drawn seed's questions ({NUM_RESAMPLES} "
+                  "resamples); p is the paired t-test's over seeds, and p (Holm) its Holm adjustment over this "
+                  "table's comparisons (read it for every comparison a pre-registration names secondary). A curve "
+                  "is read at another cost by interpolating between its evaluations, never beyond its last one. "
+                  "The share is read on each seed's own curves (nondecreasing fits), then averaged over seeds."]
+    res = summary.get("resolution")
+    if res and res["questions_for_target"]:
+        lines += ["", f"Resolution: one question's avg@k success spreads sd {res['sd_per_question']:.3f} over "
+                  f"questions, so one evaluation point of {res['num_questions']} questions has SE "
+                  f"{_pct(res['point_se'])}; SE {_pct(res['target_point_se'])} needs {res['questions_for_target']} "
+                  f"questions a point."
+                  + (f" The paired difference from {base} spreads sd {res['sd_paired_per_question']:.3f} per "
+                     f"question: SE {_pct(res['paired_point_se'])} a point; SE {_pct(res['target_point_se'])} needs "
+                     f"{res['paired_questions_for_target']} questions." if res.get("paired_questions_for_target")
+                     else "")
+                  + f" Evaluated at steps {', '.join(map(str, res['eval_steps']))}."]
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
 
@@ -244,44 +401,57 @@ def write_report(out: Path, labels: list[str], seeds: list[int], baseline: str |
     if base:
         for seed, run in zip(kept, runs[base]):
             run["regime"] = regime(out / run_dir_name(base, seed))
-    summary = summarize(runs, base, kept)
+    weights = check_same_weights(runs)
+    summary = {**summarize(runs, base, kept), "weights": weights}
     report = to_markdown(summary, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(report + "\n")
     (out / "compare.json").write_text(json.dumps(summary, indent=1))
-    plot(runs, out)
+    plot(runs, out, kept)
     return report
 
 
-def plot(runs: dict[str, list[dict]], out: Path) -> list[Path]:
-    """accuracy_vs_tokens.png, accuracy_vs_units.png and informative_per_unit.png in `out` (matplotlib, Agg)."""
+def plot(runs: dict[str, list[dict]], out: Path, seeds: list[int] | None = None) -> list[Path]:
+    """accuracy_vs_tokens.png, accuracy_vs_units.png (pooled, each seed faint), their `_per_seed.png` panels and
+    informative_per_unit.png in `out` (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seeds = len(next(iter(runs.values())))
+    num_seeds = len(next(iter(runs.values())))
+    seeds = seeds or list(range(num_seeds))
     paths = []
     for axis, xlabel in (("tokens", "cumulative sampled tokens"), ("units", "cumulative budget units")):
         curves = {label: (*_mean_curve(seed_runs, axis), "o") for label, seed_runs in runs.items()}
+        per_seed = {label: [(x, y.mean(axis=1)) for x, y in (curve(run, axis) for run in seed_runs)]
+                    for label, seed_runs in runs.items()}
         paths.append(_figure(plt, curves, xlabel, "held-out success (avg@k)",
-                             f"success vs sampled {axis} ({seeds} seed(s))", None, out / f"accuracy_vs_{axis}.png"))
+                             f"success vs sampled {axis} ({num_seeds} seed(s); thin: each seed)", None,
+                             out / f"accuracy_vs_{axis}.png", per_seed))
+        paths.append(_seed_panels(plt, per_seed, seeds,
+                                  xlabel, out / f"accuracy_vs_{axis}_per_seed.png"))
     curves = {}
     for label, seed_runs in runs.items():
         num = min(len(run["train"]) for run in seed_runs)
-        values = [[r.get("alloc/informative_rollouts_per_budget", np.nan) for r in run["train"][:num]]
+        values = [[r.get("alloc/informative_units_per_unit", np.nan) for r in run["train"][:num]]
                   for run in seed_runs]
         curves[label] = (np.arange(1, num + 1), np.nanmean(np.array(values, dtype=float), axis=0), ".")
-    paths.append(_figure(plt, curves, "step", "rollouts with a non-zero advantage / unit",
-                         f"informative rollouts per unit ({seeds} seed(s))", None, out / "informative_per_unit.png"))
+    paths.append(_figure(plt, curves, "step", "units spent on rollouts with a non-zero advantage / unit",
+                         f"informative units per unit, priced ({num_seeds} seed(s))", None,
+                         out / "informative_per_unit.png"))
     return paths
 
 
-def _figure(plt, curves: dict[str, tuple], xlabel: str, ylabel: str, title: str, ylim, path: Path) -> Path:
-    """One line per method: curves[method] = (x, y, marker)."""
+def _figure(plt, curves: dict[str, tuple], xlabel: str, ylabel: str, title: str, ylim, path: Path,
+            thin: dict[str, list[tuple]] | None = None) -> Path:
+    """One line per method: curves[method] = (x, y, marker); thin[method], if given, adds a faint line per seed."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, (x, y, marker) in curves.items():
-        ax.plot(x, y, marker=marker, label=label)
+    for i, (label, (x, y, marker)) in enumerate(curves.items()):
+        color = f"C{i}"
+        ax.plot(x, y, marker=marker, label=label, color=color)
+        for sx, sy in (thin or {}).get(label, []):
+            ax.plot(sx, sy, color=color, alpha=0.25, linewidth=0.8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -291,5 +461,28 @@ def _figure(plt, curves: dict[str, tuple], xlabel: str, ylabel: str, title: str,
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _seed_panels(plt, per_seed: dict[str, list[tuple]], seeds: list[int], xlabel: str, path: Path) -> Path:
+    """One panel per seed, every method's curve in it: the curves a per-seed reading reads."""
+    num = len(next(iter(per_seed.values())))
+    cols = min(num, 4)
+    rows = -(-num // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
+    for s in range(num):
+        ax = axes[s // cols][s % cols]
+        for i, (label, seed_curves) in enumerate(per_seed.items()):
+            ax.plot(*seed_curves[s], marker=".", label=label, color=f"C{i}")
+        ax.set_title(f"seed {seeds[s]}", fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.grid(alpha=0.3)
+    for s in range(num, rows * cols):
+        axes[s // cols][s % cols].axis("off")
+    axes[0][0].set_ylabel("held-out success")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

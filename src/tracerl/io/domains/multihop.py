@@ -271,6 +271,9 @@ class MultiHopDomain(Domain):
     test_fraction: float = 0.2  # share of question chains held out for the test split
     warmup_fraction: float = 0.0  # share of chains kept for the "warmup" split (0 = "warmup" is "train")
     hop_mix: tuple[float, ...] = ()  # weight of each hop count low..high in every split's rows (() = uniform)
+    # weight of each hop count in the "warmup" split's rows only (() = hop_mix): a warm start that rarely sees long
+    # chains leaves prompts that fail at first but that RL can learn (configs/trace-headroom.toml)
+    warmup_hop_mix: tuple[float, ...] = ()
     missing_share: float = 0.0  # share of real entities whose document is left out of the corpus, drawn at random
     missing_kinds: tuple[str, ...] = ()  # kinds of entity with no document at all, e.g. ("university",)
     unanswerable_share: float = 0.0  # share of rows whose chain needs a missing document (needs missing_share > 0)
@@ -292,9 +295,10 @@ class MultiHopDomain(Domain):
         if not 0 <= self.warmup_fraction < 1 - self.test_fraction:
             raise ValueError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1 - test_fraction="
                              f"{1 - self.test_fraction:g}) so that training questions remain")
-        if self.hop_mix and (len(self.hop_mix) != hi - lo + 1 or min(self.hop_mix) < 0 or sum(self.hop_mix) <= 0):
-            raise ValueError(f"hop_mix={self.hop_mix} needs one weight >= 0 per hop count {lo}..{hi} "
-                             f"({hi - lo + 1} weights, not all 0), or () for uniform")
+        for name, mix in (("hop_mix", self.hop_mix), ("warmup_hop_mix", self.warmup_hop_mix)):
+            if mix and (len(mix) != hi - lo + 1 or min(mix) < 0 or sum(mix) <= 0):
+                raise ValueError(f"{name}={mix} needs one weight >= 0 per hop count {lo}..{hi} "
+                                 f"({hi - lo + 1} weights, not all 0), or () for uniform")
         if not 0 <= self.missing_share < 0.5 or not 0 <= self.unanswerable_share < 1:
             raise ValueError(f"missing_share={self.missing_share} must be in [0, 0.5) and unanswerable_share="
                              f"{self.unanswerable_share} in [0, 1)")
@@ -340,13 +344,15 @@ class MultiHopDomain(Domain):
         return by_hops
 
     def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
-        """`num` questions in the domain's mix: each row's hop count is drawn from `hop_mix`, and it is unanswerable
+        """`num` questions in the domain's mix: each row's hop count is drawn from `hop_mix` (`warmup_hop_mix` for the
+        "warmup" split when set), and it is unanswerable
         with probability `unanswerable_share`; within a stratum questions come in a seeded shuffled order, distinct
         until the stratum runs out, then reshuffled (so every split keeps the same mix whatever `num` is)."""
         strata = self._strata(split)
         rng = np.random.default_rng([self.seed, seed, {"train": 0, "test": 1, "warmup": 2}[split]])
         lo, hi = self.hops
-        mix = np.asarray(self.hop_mix or [1.0] * (hi - lo + 1), dtype=float)
+        weights = self.warmup_hop_mix if split == "warmup" and self.warmup_hop_mix else self.hop_mix
+        mix = np.asarray(weights or [1.0] * (hi - lo + 1), dtype=float)
         hop_of = lo + rng.choice(hi - lo + 1, size=num, p=mix / mix.sum())
         open_of = rng.random(num) >= self.unanswerable_share
         decks: dict[tuple[int, bool], list[Question]] = {}
