@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tracerl.io.runlog import read_metrics
-from tracerl.train.compare import format_seeds, parse_seeds, record_provenance, run_compare
+from tracerl.train.compare import format_seeds, parse_seeds, run_compare
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -66,12 +66,15 @@ def test_provenance_is_recorded_before_the_first_step_only(tiny_overrides, tmp_p
     from pathlib import Path
 
     from tracerl.train.config import load_config
+    from tracerl.train.policy import load_policy
+    from tracerl.train.trainer import record_provenance
 
-    record_provenance(load_config(None, [*tiny_overrides, f"run.out_dir={tmp_path / 'fresh'}"]))
+    policy = load_policy(load_config(None, tiny_overrides))
+    record_provenance(tmp_path / "fresh", policy.model, policy.source)
     record = json.loads((tmp_path / "fresh" / "provenance.json").read_text())
     build = json.loads((Path(record["source"]) / "metrics.json").read_text())
     assert record["weights_sha256"] == build["build/weights_sha256"], "the run names other weights than its build"
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "metrics.jsonl").write_text("")
-    record_provenance(load_config(None, [*tiny_overrides, f"run.out_dir={tmp_path / 'old'}"]))
+    record_provenance(tmp_path / "old", policy.model, policy.source)
     assert not (tmp_path / "old" / "provenance.json").exists()

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tracerl.core.allocation import CONTINUATION_COST
+from tracerl.core.ledger import CONTINUATION_COST
 from tracerl.core.advantages import (
     BEFORE_BATCH_WHITENING,
     AdvantageConfig,

@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tracerl.report.compare import PROVENANCE_FILE, run_dir_name, write_report
+from tracerl.report.compare import run_dir_name, write_report
 from tracerl.train.config import TrainConfig, load_config
 from tracerl.train.trainer import run_training
 
@@ -112,7 +112,6 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
             initial = None
             for label, _, _ in entries:
                 say(f"compare: {label}, seed {s}")
-                record_provenance(configs[(label, s)])
                 result = run_training(configs[(label, s)], resume=True, say=say, initial_eval=initial)
                 initial = result["before"]
                 say(f"  held-out success {result['before']['eval/success']:.1%} -> "
@@ -124,27 +123,8 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
     return write_report(out, labels, report_seeds, baseline, command, say)
 
 
-def record_provenance(config: TrainConfig) -> None:
-    """Write `<run>/provenance.json` (starting weights hash, torch, machine) for a run that has not started yet.
-
-    A run with metrics but no record started before records were kept: its starting weights are unknown, and
-    hashing its checkpoint would name the wrong weights, so it is left without one."""
-    from tracerl.engines import torch_threads
-    from tracerl.policy.embedded import run_provenance, write_provenance
-    from tracerl.train.policy import load_policy, merged_state_dict
-
-    out = config.out_dir()
-    if (out / PROVENANCE_FILE).exists() or (out / "metrics.jsonl").exists():
-        return
-    with torch_threads(config.run.num_threads):
-        policy = load_policy(config)
-        # with LoRA the merged weights: at step 0 the adapters add nothing, so every run of a build hashes the same
-        write_provenance(out, run_provenance(merged_state_dict(policy.model), source=policy.source))
-
-
 def _train_one(config) -> tuple[float, float]:
     """One run of a parallel comparison, in a worker process: (held-out success before, after)."""
-    record_provenance(config)
     prefix = f"[{Path(config.run.out_dir).name}] "
     result = run_training(config, resume=True, say=lambda message: print(prefix + message, flush=True))
     return result["before"]["eval/success"], result["after"]["eval/success"]

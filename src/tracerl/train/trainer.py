@@ -44,6 +44,7 @@ from tracerl.io.runlog import RunLog, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
+from tracerl.policy.embedded import run_provenance, write_provenance
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
 from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
@@ -311,6 +312,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
 
 def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
            progress: Callable[[dict[str, Any]], None] | None, initial_eval: dict[str, Any] | None) -> dict[str, Any]:
+    record_provenance(trainer.out, trainer.model, trainer.policy.source)
     resumed = resume and trainer.resume()
     if resume and not resumed:
         (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
@@ -347,6 +349,16 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
             "improvement_se": diff, "out_dir": str(trainer.out), "steps": trainer.step,
             "cum_units": trainer.totals["units"], "cum_tokens": trainer.totals["tokens"],
             "report": write_report(trainer.out, say)}
+
+
+def record_provenance(run_dir: Path, model: torch.nn.Module, source: str) -> None:
+    """`<run>/provenance.json` (starting weights hash, torch, machine: `tracerl.policy.embedded.run_provenance`) for a
+    run that has not started yet; `tracerl compare` refuses to pair runs whose starting weights differ. With LoRA the
+    merged weights (at step 0 the adapters add nothing, so every run of a build hashes the same). A run with metrics
+    but no record started before records were kept: hashing its weights now would name the wrong ones, so it stays
+    without one."""
+    if not (Path(run_dir) / "metrics.jsonl").exists():
+        write_provenance(run_dir, run_provenance(merged_state_dict(model), source=source))
 
 
 def write_report(run_dir: Path, say: Say | None) -> str | None:
