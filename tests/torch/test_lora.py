@@ -259,15 +259,15 @@ def test_sync_sends_merged_weights_a_plain_server_loads(small_policy, tmp_path):
     trainer = Trainer(config)
     move_adapters(trainer.model)
     served = load_policy(load_config(None, small_policy[:2])).model  # the server's plain copy of the base
-    client = TestClient(create_app(TransformersEngine(served), "tiny"))
     answers = []
+    with TestClient(create_app(TransformersEngine(served), "tiny")) as client:  # with: the app's engine thread runs
 
-    class Server:  # the OpenAIEngine's load_weights, over the real endpoint
-        def load_weights(self, path):
-            answers.append(client.post("/v1/load_weights", json={"path": path}))
+        class Server:  # the OpenAIEngine's load_weights, over the real endpoint
+            def load_weights(self, path):
+                answers.append(client.post("/v1/load_weights", json={"path": path}))
 
-    trainer.engine = Server()
-    trainer.sync_weights()
+        trainer.engine = Server()
+        trainer.sync_weights()
     assert answers and answers[0].status_code == 200, answers[0].text
     prefix = trainer.policy.renderer.encode("Who founded the company?")
     want = TransformersEngine(trainer.model).generate([prefix], GREEDY)[0][0]
