@@ -198,11 +198,11 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _warmstart(args: argparse.Namespace) -> int:
-    from tracerl.policy.embedded import EmbeddedConfig, build_embedded
+    from tracerl.policy.embedded import build_embedded
     from tracerl.train.config import load_config
 
     config = _train_config(args)
-    policy = build_embedded(EmbeddedConfig.from_dict(config.policy.embedded), config.policy.cache_dir or None,
+    policy = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
                             rebuild=not args.keep, progress=_say)
     metrics = policy.metrics()
     print(f"embedded policy in {policy.path}: held-out success {metrics['eval/success']:.1%} ± "

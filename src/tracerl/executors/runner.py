@@ -114,9 +114,7 @@ def make_runner(config: Any, policy: Any, engine: Any, out_dir: Path,
         start_ray(run.ray_address or None, num_cpus=run.num_workers, object_store_bytes=100 * 2**20)
         owns_ray = True
     if cfg.model == "embedded":  # the domain the embedded build was trained on, as load_policy builds it
-        from tracerl.policy.embedded import EmbeddedConfig
-
-        domain = EmbeddedConfig.from_dict(cfg.embedded).make_domain
+        domain = cfg.embedded.make_domain
     else:
         domain = config.data.domain
     try:

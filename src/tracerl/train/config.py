@@ -29,6 +29,7 @@ from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 from tracerl.io.domains import DOMAINS
+from tracerl.policy.embedded_config import EmbeddedConfig
 from tracerl.io.task import resolve_task_paths
 
 DATA_DOMAINS = (*DOMAINS, "task")  # the built-in domains, and a task of your own (docs/tasks.md)
@@ -61,7 +62,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     model: str = "embedded"  # "embedded" (built on the spot, cached), a local Hugging Face model directory or a hub id
-    embedded: dict = field(default_factory=dict)  # EmbeddedConfig overrides, e.g. {"sft_steps": 400}
+    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)  # the embedded policy's build (policy.model="embedded")
     cache_dir: str = ""  # where the embedded build is cached ("" = $TRACERL_CACHE or ~/.cache/tracerl)
     max_batch_size: int = knob(64, ge=1)  # rollouts the engine decodes together
     engine: str = knob("transformers", choices=("transformers", "vllm", "openai"))  # "transformers" or "vllm" (in process), or "openai" (a vLLM/SGLang/tracerl serve server)
@@ -305,7 +306,13 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], may_change:
 
 def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
     """The keys in which `config` differs from a run's saved config (`config.json` as a dict) and a resume may not
-    change (`RESUMABLE_CHANGES`); a key the saved config lacks was added since and takes its default."""
+    change (`RESUMABLE_CHANGES`); a key the saved config lacks was added since and takes its default. A saved
+    `policy.embedded` holds only the fields it overrode when it was written before the section was typed (then `{}`
+    meant the default build): those are read over the section's defaults."""
+    saved = json.loads(json.dumps(saved))
+    policy = saved.get("policy")
+    if isinstance(policy, dict) and isinstance(policy.get("embedded"), dict):
+        policy["embedded"] = {**EmbeddedConfig().to_dict(), **policy["embedded"]}
     return config_changes(saved, config.to_dict(), RESUMABLE_CHANGES, TrainConfig().to_dict())
 
 

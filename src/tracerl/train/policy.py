@@ -153,9 +153,9 @@ def _lora_owner(key: str, layers: dict[str, Any]) -> tuple[str | None, str]:
 
 def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
     if config.policy.model == "embedded":
-        from tracerl.policy.embedded import EmbeddedConfig, build_embedded
+        from tracerl.policy.embedded import build_embedded
 
-        built = build_embedded(EmbeddedConfig.from_dict(config.policy.embedded), config.policy.cache_dir or None,
+        built = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
                                progress=say, domain=_user_task(config))
         return TrainPolicy(built.model, built.tokenizer, built.renderer, built.domain,
                            _limits(config, built.config.limits()), built.tokenizer.pad_token_id, str(built.path))

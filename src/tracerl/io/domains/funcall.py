@@ -411,10 +411,11 @@ def split_of(question: str) -> str:
 class FuncallDomain(Domain):
     """Rows of the built-in suite, its environment, and a scripted expert that replays the required calls."""
 
-    def state_features(self, history: History) -> dict[str, float]:
-        return history_state(history)
-
     name = DATA_SOURCE
+
+    def state_features(self, history: History) -> dict[str, float]:
+        """What the predictor reads of a history's state (`history_state`)."""
+        return history_state(history)
 
     def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
         if split not in ("train", "test"):

@@ -204,14 +204,15 @@ def _derived_seed(*parts: Any) -> int:
 class MathDomain(Domain):
     """Rows from reasoning-gym generators; the seed of a draw is the `seed` argument of `rows`."""
 
-    def state_features(self, history: History) -> dict[str, float]:
-        return history_state(history)
-
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))  # generator -> weight (normalised)
     test_fraction: float = 0.2  # share of all questions (by hash of the text) held out for the test split
     limits: Any = None  # SandboxLimits for the python tool; None: the sandbox's defaults (5 s, 512 MB)
 
     name = "math"
+
+    def state_features(self, history: History) -> dict[str, float]:
+        """What the predictor reads of a history's state (`history_state`)."""
+        return history_state(history)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.mix) - set(GENERATORS))

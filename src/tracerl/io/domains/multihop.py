@@ -259,9 +259,6 @@ QUERY_FORMS = ("{name} {words}", "{name}")  # the expert's first query for a hop
 class MultiHopDomain(Domain):
     """Generated multi-hop QA; every option changes the world or the questions, so fix them per experiment."""
 
-    def state_features(self, history: History) -> dict[str, float]:
-        return history_state(history)
-
     num_entities: int = 150  # real entities (people, cities, countries, companies, universities)
     num_distractors: int = 60  # look-alike entities that crowd search results but never sit on a chain
     hops: tuple[int, int] = (2, 4)  # inclusive range of relations per question
@@ -283,6 +280,10 @@ class MultiHopDomain(Domain):
     _pool: dict[str, dict[tuple[int, bool], list[Question]]] | None = field(default=None, init=False, repr=False)
 
     name = "multihop"
+
+    def state_features(self, history: History) -> dict[str, float]:
+        """What the predictor reads of a history's state (`history_state`)."""
+        return history_state(history)
 
     def __post_init__(self) -> None:
         lo, hi = self.hops
