@@ -159,11 +159,15 @@ def test_tracerl_config_lists_every_field(capsys):
 
     assert main(["config"]) == 0
     out = capsys.readouterr().out
-    for section in dataclasses.fields(TrainConfig):
-        value = getattr(TrainConfig(), section.name)
-        names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else [None]
-        for name in names:
-            key = section.name if name is None else f"{section.name}.{name}"
-            assert f"\n{key} " in "\n" + out, f"{key} is missing from `tracerl config`"
+
+    def leaves(config, prefix=""):  # every field at any depth (policy.embedded is a section inside a section)
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            yield from leaves(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+
+    keys = list(leaves(TrainConfig()))
+    assert "policy.embedded.sft_steps" in keys and "run.seed" in keys
+    for key in keys:
+        assert f"\n{key} " in "\n" + out, f"{key} is missing from `tracerl config`"
     assert "allocation.num_prompts  int = 16  (>= 1)" in out, "a section's default is the run's, not its class's"
     assert "AdamW learning rate" in out
