@@ -86,9 +86,11 @@ def vault_step(cluster, vault):
 
 def test_verl_settings_are_read_from_verls_own_keys(vault):
     config = verl_config(vault["path"], *USER_TASK, "+reward.custom_reward_function.reward_kwargs.bonus=0.5")
-    assert task_settings(config) == {"tool_config_path": TOOL_CONFIG, "reward_path": REWARD,
+    assert task_settings(config) == {"tool_config_path": TOOL_CONFIG, "function_tool_path": "", "reward_path": REWARD,
                                      "reward_name": "vault_score", "reward_kwargs": {"bonus": 0.5}}
     assert task_settings(verl_config(vault["path"]))["tool_config_path"] == ""
+    functions = verl_config(vault["path"], "actor_rollout_ref.rollout.multi_turn.function_tool_path=/tools/fns.py")
+    assert task_settings(functions)["function_tool_path"] == "/tools/fns.py", "verl's function tools key is read"
 
 
 def test_rows_per_uid_equal_the_trees_leaves(vault_step):
