@@ -71,11 +71,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def thread_server(app):
-    """Serve a FastAPI app with uvicorn in a daemon thread; yields the base URL."""
+def thread_server(app, config=None):
+    """Serve a FastAPI app with uvicorn in a daemon thread; yields the base URL. `config(app, port)` builds the
+    uvicorn config (default: a plain one on 127.0.0.1)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    port = free_port()
+    server = uvicorn.Server(config(app, port) if config else
+                            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -120,20 +120,10 @@ class BadServer:
 def guarded_server(app, limits):
     """`app` served by uvicorn in a daemon thread, configured as `tracerl serve` configures it for `limits` (header
     and body timeouts, connection cap); yields the base URL."""
-    import uvicorn
-
     from tracerl.serve import server_config
 
-    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=free_port(), limits=limits,
-                                          log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    def config(app, port):
+        return server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
+
+    with thread_server(app, config) as url:
+        yield url

@@ -66,9 +66,9 @@ import torch
 
 from tracerl.engines.errors import EngineError
 from tracerl.engines.openai_engine import request_seed
-from tracerl.io.engine import Completion, SamplingParams, check_request
+from tracerl.engines.tensors import tensor_problem
+from tracerl.io.engine import MIN_TEMPERATURE, Completion, SamplingParams, check_request
 
-MIN_TEMPERATURE = 1e-4  # the floor `tracerl serve` applies too; 0 is greedy
 _ADAPTER_MARKS = ("lora_", "base_model.model.", ".base_layer.", "modules_to_save")  # keys of an unmerged adapter
 
 
@@ -291,7 +291,7 @@ class VLLMEngine:
         if not isinstance(state, Mapping):
             raise ValueError(f"weights must be a state dict (a mapping of names to tensors), not "
                              f"{type(state).__name__}")
-        problems = [f"{k}: {p}" for k, v in state.items() if (p := _tensor_problem(v, self._expected.get(k)))]
+        problems = [f"{k}: {p}" for k, v in state.items() if (p := tensor_problem(v, self._expected.get(k)))]
         if self._expected:
             missing = sorted(set(self._expected) - set(state) - self._optional)
             unexpected = sorted(set(state) - set(self._expected), key=str)
@@ -391,20 +391,3 @@ def _expected_weights(model: str | Path, fallback: Mapping[str, torch.Tensor] | 
             optional.add(name)
         seen.add(id(tensor))
     return {k: torch.empty_like(v, device="meta") for k, v in given.items()}, optional
-
-
-def _tensor_problem(tensor: Any, like: torch.Tensor | None) -> str:
-    """'' when `tensor` can be loaded where `like` (a meta tensor, or None: unknown) goes, else why not."""
-    if not isinstance(tensor, torch.Tensor):
-        return f"a {type(tensor).__name__}, not a tensor"
-    if tensor.layout != torch.strided:
-        return f"layout {tensor.layout} (sparse or other); send dense tensors"
-    if tensor.is_meta:
-        return "a meta tensor (no data)"
-    if not tensor.is_floating_point():
-        return f"dtype {tensor.dtype}; need a real floating dtype"
-    if like is not None and tensor.shape != like.shape:
-        return f"shape {tuple(tensor.shape)}, the model's is {tuple(like.shape)}"
-    if not bool(torch.isfinite(tensor).all()):
-        return "holds NaN or inf values (not finite)"
-    return ""

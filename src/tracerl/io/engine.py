@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+# the smallest sampling temperature an engine serves (above 0, which is greedy): logits / T below it overflows float32
+# and the logprobs the trainer scores would not be the ones sampled; `tracerl serve` and `VLLMEngine` refuse smaller
+MIN_TEMPERATURE = 1e-4
+
 
 @dataclass(frozen=True)
 class SamplingParams:

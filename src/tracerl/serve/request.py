@@ -23,11 +23,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tracerl.io.engine import SamplingParams
+from tracerl.io.engine import MIN_TEMPERATURE, SamplingParams
 
 from .limits import ServeLimits
 
-MIN_TEMPERATURE = 1e-4  # below it (and above 0) a request gets HTTP 400; 0 is greedy
 MAX_STOP_TOKEN_IDS = 1024  # stop ids one request may send
 _MAX_OBJECTS = 16  # JSON objects in a body: the body itself, plus a few for fields other servers take
 _EXTRA_ELEMENTS = 256 + MAX_STOP_TOKEN_IDS  # JSON elements beyond the prompt ids: fields and stop ids

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from tracerl.engines.tensors import tensor_problem
+
 
 class WeightsError(ValueError):
     """A weights file that cannot be loaded into the served model (HTTP 400); nothing was changed."""
@@ -54,21 +56,5 @@ def misfit(expected: dict[str, torch.Tensor], state: object) -> str:
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected), key=str)
     if missing or unexpected:
         return f"missing {missing[:5]}, unexpected {[str(k)[:80] for k in unexpected[:5]]}"
-    problems = [f"{k}: {p}" for k, v in expected.items() if (p := _tensor_problem(state[k], v))]
+    problems = [f"{k}: {p}" for k, v in expected.items() if (p := tensor_problem(state[k], v))]
     return f"{len(problems)} tensors do not fit: {problems[:5]}" if problems else ""
-
-
-def _tensor_problem(tensor: object, like: torch.Tensor) -> str:
-    if not isinstance(tensor, torch.Tensor):
-        return f"a {type(tensor).__name__}, not a tensor"
-    if tensor.layout != torch.strided:
-        return f"layout {tensor.layout} (sparse or other); send dense tensors"
-    if tensor.is_meta:
-        return "a meta tensor (no data)"
-    if not tensor.is_floating_point():
-        return f"dtype {tensor.dtype}; need a real floating dtype like {like.dtype}"
-    if tensor.shape != like.shape:
-        return f"shape mismatch {tuple(tensor.shape)} != {tuple(like.shape)}"
-    if not bool(torch.isfinite(tensor).all()):
-        return "holds NaN or inf"
-    return ""
