@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from tracerl.core.predictor import Predictor
+from tracerl.io.config import parse_json
 from tracerl.io.state import fsync_dir, load_state, save_state
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, config_changes
 
@@ -102,24 +103,12 @@ def _read_capped(path: Path, limit: int) -> bytes:
     return data
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        raise ValueError(f"key(s) {repeated} appear more than once")
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def read_json(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
     """A small JSON file read strictly: a regular file, at most `limit` bytes, UTF-8, no repeated key, no NaN or
     Infinity, bounded nesting. ValueError (or OSError) says what is wrong."""
     text = _read_capped(path, limit).decode("utf-8")
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return parse_json(text)
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
 
