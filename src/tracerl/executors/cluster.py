@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-# set while a local cluster starts: the node (and so every server Ray binds) on loopback; no usage reports
-LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# set while a local cluster starts: the node (and so every server Ray binds) on loopback; no usage reports; workers
+# at the driver's priority (Ray renices them to 15, and the rollout workers are the run's own sampling: beside other
+# CPU-bound jobs a niced worker got about 2% of a core and a step stalled)
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
 
 
 @contextmanager
