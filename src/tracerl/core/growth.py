@@ -6,8 +6,8 @@ that a caller that grows trees in several places (verl: stage 1 in the manager, 
 same code. The sampling itself is done by a `RolloutRunner` (the simulator here, the ReAct driver with a real
 engine elsewhere), the probabilities come from any `predict` callable, every price comes from a `Prices` object
 (`tracerl.core.ledger`: trajectory units or expected tokens; growth never asks which) and every cost is charged to
-the step's `BudgetLedger` first, so no method can overspend. Rewards, backup, predictor updates and advantages happen after
-(`tracerl.core.step`).
+the step's `BudgetLedger` first, so no method can overspend. Rewards, backup, predictor updates and advantages
+happen after (`tracerl.core.step`).
 
 Stage 2 runs per prompt by default: the prefix budget is split across prompts in proportion to their
 stage-1 grants (in whole continuations, largest remainder first), so a prompt can expand as soon as
