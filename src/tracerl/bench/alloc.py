@@ -140,9 +140,11 @@ def run_seeds(cfg: AllocBenchConfig, seeds: list[int], progress=None) -> dict:
             "stage1_scale": runs[0]["stage1_scale"], "config": runs[0]["config"]}
 
 
-COLUMNS = ("informative_rollouts_per_budget", "informative_tokens_per_token", "mixed_trees_per_budget", "effective_ratio", "mixed_anchors_per_budget", "nonzero_adv_token_frac",
-           "units_per_step", "tokens_per_step", "prompts_per_step", "predictor_brier", "predictor_ece",
-           "predictor_auc", "alloc_ms_per_step")
+# priced measures first (a continuation counted at its cost; a rollout's own sampled tokens), then the counted ones
+COLUMNS = ("informative_units_per_unit", "informative_sampled_tokens_per_token", "informative_rollouts_per_budget",
+           "informative_tokens_per_token", "mixed_trees_per_budget", "effective_ratio", "mixed_anchors_per_budget",
+           "nonzero_adv_token_frac", "units_per_step", "tokens_per_step", "prompts_per_step", "predictor_brier",
+           "predictor_ece", "predictor_auc", "alloc_ms_per_step")
 
 
 def to_markdown(result: dict) -> str:
@@ -153,13 +155,14 @@ def to_markdown(result: dict) -> str:
         return text if not std else text + (f" ± {std:.4f}" if abs(v) < 10 else f" ± {std:.1f}")
     grpo = result["methods"].get("grpo", {})
     base = grpo.get("mixed_trees_per_budget")
-    base_informative = grpo.get("informative_rollouts_per_budget")
-    header = "| method | " + " | ".join(COLUMNS) + (" | informative vs grpo | mixed trees vs grpo |" if base else " |")
+    base_informative = grpo.get("informative_units_per_unit")
+    header = "| method | " + " | ".join(COLUMNS) + (" | informative (priced) vs grpo | mixed trees vs grpo |" if base
+                                                     else " |")
     lines = [header, "|" + "---|" * (len(COLUMNS) + 1 + 2 * bool(base))]
     for name, row in result["methods"].items():
         cells = [fmt(row.get(c), row.get(f"{c}_std")) for c in COLUMNS]
         if base:
-            cells.append(f"{row['informative_rollouts_per_budget'] / base_informative:.2f}x" if base_informative
+            cells.append(f"{row['informative_units_per_unit'] / base_informative:.2f}x" if base_informative
                          else "-")
             cells.append(f"{row['mixed_trees_per_budget'] / base:.2f}x")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
