@@ -227,11 +227,13 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
     lines += ["## Effective ratio", ""]
     if "effective_ratio" in figures:
         ratios = [_value(r, "alloc/effective_ratio") for r in train]
+        priced = [_value(r, "alloc/informative_units_per_unit") for r in train]
         informative = [_value(r, "alloc/informative_rollouts_per_budget") for r in train]
         lines += [f"Share of selected prompts whose tree is mixed; mean over steps {np.nanmean(ratios):.3f}."
-                  + (f" Rollouts with a non-zero advantage (before batch whitening: what the gradient learns from) "
-                     f"per budget unit, mean over steps: {np.nanmean(informative):.3f}."
-                     if np.isfinite(informative).any() else ""), "",
+                  + (f" Informative samples (a non-zero advantage before batch whitening: what the gradient learns "
+                     f"from) per budget unit, a continuation counted at its cost, mean over steps: "
+                     f"{np.nanmean(priced):.3f} ({np.nanmean(informative):.3f} counting every rollout whole)."
+                     if np.isfinite(priced).any() and np.isfinite(informative).any() else ""), "",
                   f"![effective ratio per step]({FIGURES['effective_ratio']})", ""]
     else:
         lines += ["No training steps logged.", ""]
