@@ -63,3 +63,16 @@ def test_bad_inputs_raise_clear_errors():
         engine.generate([[1]], SamplingParams(max_tokens=5))  # ends early with no stop token
     with pytest.raises(ValueError, match="logprobs"):
         ScriptedEngine(lambda p, i, rng: ([1, 2], [0.0])).generate([[1]], SamplingParams(max_tokens=2))
+
+
+def test_sampling_params_refuse_a_temperature_that_is_not_a_finite_number():
+    import math
+
+    import pytest
+
+    from tracerl.io.engine import SamplingParams
+
+    for bad in (math.nan, math.inf, -0.5):
+        with pytest.raises(ValueError, match="finite temperature"):
+            SamplingParams(temperature=bad)
+    assert SamplingParams(temperature=0.0).temperature == 0.0

@@ -23,8 +23,10 @@ class SamplingParams:
     seed: int | None = None  # same seed and inputs -> same outputs
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
-            raise ValueError(f"bad sampling params {self}: need temperature >= 0, 0 < top_p <= 1, max_tokens >= 1")
+        # written as "not (ok)" so that NaN, which fails every comparison, is refused too
+        if not (0 <= self.temperature < float("inf")) or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError(f"bad sampling params {self}: need a finite temperature >= 0, 0 < top_p <= 1, "
+                             "max_tokens >= 1")
 
 
 @dataclass
