@@ -16,7 +16,6 @@ its own bare rollouts are done. `stage2_mode="global"` solves each round over al
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence

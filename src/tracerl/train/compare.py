@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tracerl.report.compare import run_dir_name, write_report
-from tracerl.train.config import TrainConfig, load_config
+from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
 Say = Callable[[str], None]
