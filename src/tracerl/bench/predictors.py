@@ -142,10 +142,10 @@ def _run_config(cfg: PredictorBenchConfig) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _state_features(cfg: PredictorBenchConfig):
+def _state_features(cfg: PredictorBenchConfig, run_config: dict[str, Any]):
     """The recorded run's domain hook, as its trainer handed it to the predictor (None on the simulator, or for a
     task of the user's own, whose code the bench does not load)."""
-    domain = _run_config(cfg).get("data", {}).get("domain", "multihop" if cfg.run_dir else None)
+    domain = run_config.get("data", {}).get("domain", "multihop" if cfg.run_dir else None)
     if domain is None or domain == "task":
         return None
     from tracerl.io.domains import make_domain
@@ -153,11 +153,11 @@ def _state_features(cfg: PredictorBenchConfig):
     return make_domain(domain).state_features
 
 
-def _options(name: str, cfg: PredictorBenchConfig, lm_dir: Callable[[], Path]) -> dict[str, Any]:
+def _options(name: str, run_config: dict[str, Any], lm_dir: Callable[[], Path]) -> dict[str, Any]:
     if name == "constant":
         return {"track_mean": True}
     if name == "hashed_logistic":
-        trained = _run_config(cfg).get("predictor", {})
+        trained = run_config.get("predictor", {})
         if trained.get("name") == name:  # the options the run trained it with
             return dict(trained.get("options", {}))
         return {"l2": 1e-3}  # the setting `tracerl bench alloc` uses
@@ -191,10 +191,11 @@ def run(cfg: PredictorBenchConfig, progress=None) -> dict:
             return lm_path[0]
 
         rows = {}
-        hook = _state_features(cfg)
+        run_config = _run_config(cfg)
+        hook = _state_features(cfg, run_config)
         for name in cfg.predictors:
             t0 = time.perf_counter()
-            predictor = make_predictor(name, seed=cfg.seed, state_features=hook, **_options(name, cfg, lm_dir))
+            predictor = make_predictor(name, seed=cfg.seed, state_features=hook, **_options(name, run_config, lm_dir))
             build_seconds = time.perf_counter() - t0
             rows[name] = {**evaluate(predictor, steps, cfg.warmup_steps), "build_s": build_seconds}
             if progress:

@@ -24,63 +24,61 @@ from tracerl.io.driver import ReActDriver
 from tracerl.io.engine import SamplingParams
 
 
-class LocalRunner:
-    """A fresh `ReActDriver` per step over `engine`, sampling with the step's seed."""
+class _Runner:
+    """What both runners share: the calls go to `self.target` (a driver, or the Ray workers), and `take_counters`
+    turns its counters into increments since the last take."""
 
-    def __init__(self, engine: Any, renderer: Any, domain: Any, limits: Any, temperature: float, top_p: float):
-        self.engine, self.renderer, self.domain, self.limits = engine, renderer, domain, limits
-        self.temperature, self.top_p = temperature, top_p
-        self.driver: ReActDriver | None = None
+    target: Any = None
+
+    def __init__(self) -> None:
         self._taken: Counter[str] = Counter()
 
-    def set_rows(self, rows: Sequence[dict[str, Any]], seed: int | None) -> list[History]:
-        self.driver = ReActDriver(self.engine, self.renderer, self.domain, limits=self.limits,
-                                  sampling=SamplingParams(self.temperature, self.top_p, seed=seed))
-        self._taken = Counter()
-        return self.driver.set_rows(rows)
-
     def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
-        return self.driver.run_roots(prompt_indices, counts)
+        return self.target.run_roots(prompt_indices, counts)
 
     def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
-        return self.driver.run_continuations(requests)
+        return self.target.run_continuations(requests)
 
     def take_counters(self) -> dict[str, int]:
-        now = Counter(self.driver.counters) if self.driver is not None else Counter()
+        now = Counter(self.target.counters) if self.target is not None else Counter()
         out = {k: v - self._taken[k] for k, v in now.items()}
         self._taken = now
         return out
+
+
+class LocalRunner(_Runner):
+    """A fresh `ReActDriver` per step over `engine`, sampling with the step's seed."""
+
+    def __init__(self, engine: Any, renderer: Any, domain: Any, limits: Any, temperature: float, top_p: float):
+        super().__init__()
+        self.engine, self.renderer, self.domain, self.limits = engine, renderer, domain, limits
+        self.temperature, self.top_p = temperature, top_p
+
+    def set_rows(self, rows: Sequence[dict[str, Any]], seed: int | None) -> list[History]:
+        self.target = ReActDriver(self.engine, self.renderer, self.domain, limits=self.limits,
+                                  sampling=SamplingParams(self.temperature, self.top_p, seed=seed))
+        self._taken = Counter()  # a fresh driver counts from zero
+        return self.target.set_rows(rows)
 
     def close(self) -> None:
         pass
 
 
-class RayRunner:
-    """`RayRolloutRunner` workers, and the local Ray cluster when this runner started it."""
+class RayRunner(_Runner):
+    """`RayRolloutRunner` workers (they count over the whole run), and the local Ray cluster when this runner
+    started it."""
 
     def __init__(self, workers: Any, owns_ray: bool):
-        self.workers, self.owns_ray = workers, owns_ray
-        self._taken: Counter[str] = Counter()
+        super().__init__()
+        self.target, self.owns_ray = workers, owns_ray
 
     def set_rows(self, rows: Sequence[dict[str, Any]], seed: int | None) -> list[History]:
-        return self.workers.set_rows(rows, seed=seed)
-
-    def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
-        return self.workers.run_roots(prompt_indices, counts)
-
-    def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
-        return self.workers.run_continuations(requests)
-
-    def take_counters(self) -> dict[str, int]:
-        now = Counter(self.workers.counters)  # the workers count over the whole run
-        out = {k: v - self._taken[k] for k, v in now.items()}
-        self._taken = now
-        return out
+        return self.target.set_rows(rows, seed=seed)
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
-            self.workers = None
+        if self.target is not None:
+            self.target.close()
+            self.target = None
         if self.owns_ray:
             import ray
 

@@ -96,10 +96,6 @@ class Trainer:
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
         self.runner = None  # built by the first step (`start_runner`), kept until `close`
 
-    @property
-    def predictor(self):
-        return self.sampler.predictor
-
     def _make_engine(self):
         cfg = self.config.policy
         if cfg.engine == "transformers":
