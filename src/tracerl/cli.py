@@ -199,14 +199,20 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _warmstart(args: argparse.Namespace) -> int:
     from tracerl.policy.embedded import build_embedded
+    from tracerl.train.policy import embedded_domain
     from tracerl.train.config import load_config
 
     config = _train_config(args)
+    if config.policy.model != "embedded":
+        raise SystemExit(f"tracerl warmstart builds the embedded policy; this config's policy.model is "
+                         f"{config.policy.model!r}")
     policy = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
-                            rebuild=not args.keep, progress=_say)
+                            rebuild=not args.keep, progress=_say, domain=embedded_domain(config))
     metrics = policy.metrics()
     print(f"embedded policy in {policy.path}: held-out success {metrics['eval/success']:.1%} ± "
-          f"{metrics['eval/success_se']:.1%}, built in {metrics['sys/build_seconds']:.0f} s")
+          f"{metrics['eval/success_se']:.1%} ({metrics['eval/num_prompts']} questions x "
+          f"{metrics['eval/num_rollouts'] // metrics['eval/num_prompts']}), built in "
+          f"{metrics['sys/build_seconds']:.0f} s, weights sha256 {metrics['build/weights_sha256'][:16]}")
     return 0
 
 

@@ -72,3 +72,36 @@ def test_snapshot_restore_resumes_the_prefix():
     assert env.state["num_python_calls"] == 2 and saved == {"num_python_calls": 1}, "restore must not alias"
     truth = row["reward_model"]["ground_truth"]
     assert env.step(f"<answer>{truth}</answer>").reward == 1.0
+
+
+def test_prefetched_programs_give_what_stepping_them_gives():
+    """The driver prefetches every turn of a batch, so the domain's pool runs their sandboxes side by side; what
+    each step returns is what an environment without a pool returns, errors included, and nothing is left over."""
+    domain = MathDomain(mix={"chain_sum": 1.0}, limits=SandboxLimits(wall_seconds=2.0, cpu_seconds=1))
+    row = domain.rows("test", 1, seed=0)[0]
+    programs = ["print(6 * 7)", "print(1 / 0)", "import os; print(os.getpid() > 0)", "print('x' * 3)"]
+    plain, pooled = MathEnv(limits=domain.limits), [domain.make_env() for _ in programs]
+    plain.reset(row)
+    for env, code in zip(pooled, programs):
+        env.reset(row)
+        env.prefetch(call(code))
+    for env, code in zip(pooled, programs):
+        got, want = env.step(call(code)), plain.step(call(code))
+        assert (got.observation, got.tool_error) == (want.observation, want.tool_error), code
+        assert env._prefetched == {}
+    other = domain.make_env()
+    other.reset(row)
+    other.prefetch(call("print(1)"))
+    assert other.step(call("print(2)")).observation == "2", "a step runs its own program, not the prefetched one"
+    other.prefetch("<answer>3</answer>")  # not a program: nothing to start
+    assert list(other._prefetched) == ["print(1)"]
+
+
+def test_a_domain_with_its_pool_still_pickles_and_fingerprints_as_its_options():
+    import pickle
+
+    domain = MathDomain(mix={"chain_sum": 1.0})
+    before = domain.fingerprint()
+    domain.make_env()  # makes the pool
+    copy = pickle.loads(pickle.dumps(domain))
+    assert copy._pool is None and copy.fingerprint() == before == domain.fingerprint()

@@ -111,10 +111,7 @@ def make_runner(config: Any, policy: Any, engine: Any, out_dir: Path,
     else:
         start_ray(run.ray_address or None, num_cpus=run.num_workers, object_store_bytes=100 * 2**20)
         owns_ray = True
-    if cfg.model == "embedded":  # the domain the embedded build was trained on, as load_policy builds it
-        domain = cfg.embedded.make_domain
-    else:
-        domain = config.data.domain
+    domain = config.domain_factory()  # the domain the policy was built for, as load_policy builds it
     try:
         tokenizer_dir = (Path(out_dir) / "tokenizer").resolve()
         policy.tokenizer.save_pretrained(tokenizer_dir)

@@ -35,8 +35,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency: int = 2):
-    """Train a byte-level BPE on `texts`; returns a PreTrainedTokenizerFast with the chat template above."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency: int = 2, split_digits: bool = False):
+    """Train a byte-level BPE on `texts`; returns a PreTrainedTokenizerFast with the chat template above.
+
+    split_digits=True gives every digit its own token (no merge crosses a digit): a number is then copied digit by
+    digit, one pattern for all numbers, where merged digits would make each multi-digit chunk a word of its own
+    that a tiny model must learn to copy separately. Tasks that copy numbers (math, amounts) need it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -44,7 +48,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency:
         raise ValueError(f"vocab_size={vocab_size} cannot hold the 256 byte tokens and {len(SPECIAL_TOKENS)} "
                          f"special tokens; use at least {len(SPECIAL_TOKENS) + 256}")
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                          if split_digits else byte_level)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

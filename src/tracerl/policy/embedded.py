@@ -12,8 +12,13 @@
    renders them (same `ChatRenderer`); the loss covers policy tokens only (assistant turns, mask 1), never the
    prompt or the tool responses (mask 0);
 5. a held-out evaluation through the real `ReActDriver` + `TransformersEngine` (`evaluate`).
-A user's task (`build_embedded(..., domain=UserTaskDomain)`, docs/tasks.md) replaces steps 1-2's world and expert
-with the task's rows and expert; a noisy turn is then the expert's turn for another row.
+Another domain with a scripted expert (`build_embedded(..., domain=...)`: `MathDomain`, `FuncallDomain`, or a user's
+task, `UserTaskDomain`, docs/tasks.md) replaces steps 1-2's world and expert with the domain's training rows and
+expert, and a noisy turn is then the expert's turn for another row at the same point (another question's program,
+another task's call: plausible and wrong). A built-in domain's warm start draws its rows with `warmup_seed(seed)`,
+a stream apart from RL's (seeded by the run seed) although short questions can recur; a user's task warms up on its
+own training rows. `EmbeddedConfig.split_digits` gives every digit its own token, which is what makes copying numbers
+learnable for a model this size (docs/tasks.md measures it).
 Everything lands in `cache_dir/<hash of the config>/`, written to a temporary folder and renamed into place, so
 a half-written build is never loaded; later calls load it, and so does the building call before it returns (the
 model left in memory by training has the same logits but not bit-identical gradients).
@@ -48,6 +53,7 @@ import platform
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +73,7 @@ from tracerl.policy.embedded_config import BUILD_VERSION, KEYLESS_DEFAULTS, Embe
 from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_THREADS = 1  # torch threads of a build: a thread count can change float summation order, so the weights
+DOMAIN_BUILD_VERSION = 2  # in the key of a build for another domain than multihop: bump it when such builds change
 PROVENANCE_FILE = "provenance.json"  # in a run directory: `write_provenance`, read by the comparison report
 
 Progress = Callable[[str], None]
@@ -304,11 +311,11 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
     """Load the policy of `config` from `cache_dir/<config.key()>/`, or build it there (see the module docstring).
 
     cache_dir defaults to $TRACERL_CACHE or ~/.cache/tracerl; rebuild=True builds anew and replaces the cache.
-    `domain` is a user's task (`tracerl.io.task.UserTaskDomain`, with an expert) in place of the multihop world;
-    its fingerprint joins the cache key, and the multihop fields of `config` are then unused. A build runs on
-    BUILD_THREADS torch threads, whatever the caller set (restored on return)."""
+    `domain` is a built-in domain with an expert (math, funcall) or a user's task (`tracerl.io.task.UserTaskDomain`)
+    in place of the multihop world; its name and fingerprint join the cache key, and the multihop fields of `config`
+    are then unused. A build runs on BUILD_THREADS torch threads, whatever the caller set (restored on return)."""
     say = progress or (lambda message: None)
-    key = config.key() if domain is None else f"{config.key()}-task-{domain.fingerprint()}"
+    key = config.key() if domain is None else f"{config.key()}-{_domain_key(domain)}"
     path = Path(cache_dir or default_cache_dir()) / key
     if (path / "metrics.json").exists() and not rebuild:
         say(f"loading the embedded policy from {path}")
@@ -317,20 +324,72 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
         return _build(config, path, say, domain)
 
 
+def warmup_seed(seed: int) -> int:
+    """The seed a built-in domain's warm-start rows are drawn with: a stream no small run seed draws."""
+    return 1_000_003 + seed
+
+
+def _domain_key(domain: Any) -> str:
+    """The cache key's domain part: '<name><DOMAIN_BUILD_VERSION>-<fingerprint>', the name 'task' for a user's task."""
+    from tracerl.io.domains.base import Domain
+
+    return f"{domain.name if isinstance(domain, Domain) else 'task'}{DOMAIN_BUILD_VERSION}-{domain.fingerprint()}"
+
+
+def _warmup_rows(domain: Any, config: EmbeddedConfig, own_world: bool) -> list[dict[str, Any]]:
+    """The warm start's questions: multihop's own split (apart from RL's and the test's), a built-in domain's training
+    split drawn with `warmup_seed` (and `config.warmup_options` in place of the domain's own, e.g. a template mix
+    that leaves room for RL), a user's task's training rows."""
+    from tracerl.io.domains.base import Domain
+
+    if own_world:
+        if config.warmup_options:
+            raise ValueError("warmup_options with the multihop world: its warm start's questions are set by "
+                             "warmup_hop_mix")
+        return domain.rows("warmup", config.num_train_rows, seed=config.seed)
+    if not isinstance(domain, Domain):
+        if config.warmup_options:
+            raise ValueError("policy.embedded.warmup_options applies to a built-in domain; a task of your own picks "
+                             "its warm-start rows itself (UserTask rows)")
+        return domain.rows("train", config.num_train_rows, seed=config.seed)
+    source = domain.with_options(**config.warmup_options) if config.warmup_options else domain
+    return source.rows("train", config.num_train_rows, seed=warmup_seed(config.seed))
+
+
+def _expert_episodes(domain: Any, rows: list[dict[str, Any]], config: EmbeddedConfig, own_world: bool) -> list[Episode]:
+    """One expert episode per row. Multihop's draw from one stream, in order (as its builds always have); another
+    domain's each from a stream of its own (`[seed, 0, i]`), so the same traces come out in any order: a built-in
+    domain's run side by side in threads while a tool call waits (math runs every program in a sandbox process); a
+    user's task's run one by one, as its code need not be thread-safe."""
+    if own_world:
+        rng = np.random.default_rng([config.seed, 0])
+        return [expert_episode(domain, row, rng, config.p_noise_turn, config.max_turns, rows) for row in rows]
+
+    def one(i: int) -> Episode:
+        return expert_episode(domain, rows[i], np.random.default_rng([config.seed, 0, i]), config.p_noise_turn,
+                              config.max_turns, rows)
+
+    from tracerl.io.domains.base import Domain
+
+    if not isinstance(domain, Domain):
+        return [one(i) for i in range(len(rows))]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, range(len(rows))))
+
+
 def _build(config: EmbeddedConfig, path: Path, say: Progress, domain: Any) -> EmbeddedPolicy:
     started = time.perf_counter()
-    user_task = domain is not None
+    own_world = domain is None  # the multihop world the config describes
     domain = domain or config.make_domain()
-    # multihop warms up on its own questions, apart from RL's and the test questions; a user's task on its train rows
-    rows = domain.rows("train" if user_task else "warmup", config.num_train_rows, seed=config.seed)
-    rng = np.random.default_rng([config.seed, 0])
-    episodes = [expert_episode(domain, row, rng, config.p_noise_turn, config.max_turns, rows) for row in rows]
+    rows = _warmup_rows(domain, config, own_world)
+    say(f"{len(rows)} expert traces")
+    episodes = _expert_episodes(domain, rows, config, own_world)
     documents = [f"{d['title']}: {d['text']}" for d in domain.kb.documents] if hasattr(domain, "kb") else []
-    schemas = [json.dumps(domain.make_env().tools())] if user_task else []  # multihop's build stays as it was
+    schemas = [] if own_world else [json.dumps(domain.make_env().tools())]  # multihop's build stays as it was
     texts = (documents + schemas + [r["prompt"][-1]["content"] for r in rows]
              + [text for e in episodes for a, o, _ in e.turns for text in (a, o or "")])
     say(f"training a {config.vocab_size}-token tokenizer on {len(texts)} texts")
-    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
     renderer = ChatRenderer(tokenizer)
     tools, limits = domain.make_env().tools(), config.limits()
     traces = [render_episode(renderer, e, tools, limits) for e in episodes]
@@ -366,7 +425,7 @@ def _build(config: EmbeddedConfig, path: Path, say: Progress, domain: Any) -> Em
     _save(policy, metrics)
     say(f"saved the embedded policy to {path} ({metrics['sys/build_seconds']:.0f} s, weights sha256 "
         f"{metrics['build/weights_sha256'][:16]})")
-    return load_embedded(path, domain if user_task else None)  # as later calls load it (module docstring)
+    return load_embedded(path, None if own_world else domain)  # as later calls load it (module docstring)
 
 
 def _save(policy: EmbeddedPolicy, metrics: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from tracerl.io.domains.multihop import MultiHopDomain
 from tracerl.io.driver import DriverLimits
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
-KEYLESS_DEFAULTS = {"warmup_hop_mix": []}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults
+KEYLESS_DEFAULTS = {"warmup_hop_mix": [], "split_digits": False, "warmup_options": {}}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,12 @@ class EmbeddedConfig:
     max_tokens_per_turn: int = 64  # sampled tokens per turn; an expert turn is about 30
     max_tokens_per_rollout: int = 1024  # policy + observation tokens after the prompt
     # -- expert traces
+    warmup_options: dict = dataclasses.field(default_factory=dict)  # another domain's options for the warm start's rows only (e.g. funcall's templates)
     num_train_rows: int = 4000  # distinct training questions, one expert trace each (more = fewer repeats)
     p_noise_turn: float = 0.02  # chance that an expert turn is replaced by a plausible wrong action
     # -- tokenizer and model (tiny_qwen3)
     vocab_size: int = 1536  # BPE vocabulary trained on the task text (>= 267)
+    split_digits: bool = False  # one token per digit, so numbers are copied digit by digit (math, amounts)
     hidden_size: int = 128  # model width; parameters grow with its square
     num_layers: int = 2  # transformer blocks
     num_heads: int = 4  # attention heads (hidden_size must divide by it)

@@ -15,10 +15,11 @@ This module holds no torch code (`check_machine` imports torch only to check tha
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
-from tracerl.io.domains import DOMAINS
+from tracerl.io.domains import DOMAINS, check_options, make_domain
 from tracerl.policy.embedded_config import EmbeddedConfig
 from tracerl.io.task import resolve_task_paths
 
@@ -101,6 +102,7 @@ class DataConfig:
     task: str = ""  # your own task: "module:function" returning tracerl.io.task.UserTask (see docs/tasks.md)
     train_files: tuple[str, ...] = ()  # parquet/JSONL rows in verl's layout; replace the task's own training rows
     test_files: tuple[str, ...] = ()  # parquet/JSONL held-out rows in verl's layout; replace the task's own
+    options: dict = field(default_factory=dict)  # the built-in domain's constructor options, e.g. math's mix (docs/domains.md)
     num_train_prompts: int = knob(4000, ge=1)  # training questions the pools are drawn from (in a fixed shuffled order)
     max_turns: int = knob(0, ge=0)  # policy turns per rollout (0 = the embedded policy's or 8)
     max_tokens_per_turn: int = knob(0, ge=0)  # sampled tokens per turn (0 = the embedded policy's or 128)
@@ -113,6 +115,9 @@ class DataConfig:
                              "(a task of your own is data.domain='task')")
         if self.task or self.train_files:
             object.__setattr__(self, "domain", "task")  # the default domain gives way to the user's task
+        if self.options and self.domain == "task":
+            raise ValueError("data.options with a task of your own: its options belong in your task's code; drop "
+                             "data.options")
         elif self.domain == "task":
             raise ValueError("data.domain='task' needs data.task=\"module:function\" or data.train_files")
 
@@ -195,9 +200,16 @@ class TrainConfig:
                              "knows; run it with `tracerl bench alloc`")
         if preset.advantage not in ADVANTAGES:
             raise ValueError(f"method {self.method!r} names advantage {preset.advantage!r}, which is not registered")
-        if self.policy.model == "embedded" and self.data.domain not in ("multihop", "task"):
-            raise ValueError(f"data.domain={self.data.domain!r} with policy.model='embedded': the embedded policy "
-                             "is trained on multihop only; set policy.model to a local Hugging Face model directory")
+        if self.policy.model == "embedded" and self.data.domain == "bfcl":
+            raise ValueError("data.domain='bfcl' with policy.model='embedded': the embedded policy does not learn BFCL's "
+                             "multi-turn cases (docs/domains.md says why); set policy.model to a local Hugging Face "
+                             "model directory")
+        if self.policy.model == "embedded" and self.data.domain == "multihop" and self.policy.embedded.warmup_options:
+            raise ValueError("policy.embedded.warmup_options with the multihop world: its warm start's questions are set "
+                             "by policy.embedded.warmup_hop_mix; drop warmup_options")
+        if self.policy.model == "embedded" and self.data.domain == "multihop" and self.data.options:
+            raise ValueError("data.options with the embedded multihop policy: its world is policy.embedded's (e.g. "
+                             "--set policy.embedded.hops=[1,3]); drop data.options")
         if self.run.executor == "ray" and self.data.domain == "task":
             raise ValueError("data.task with run.executor='ray': rollout workers do not load a task of your own yet; "
                              "use run.executor=local")
@@ -220,10 +232,22 @@ class TrainConfig:
             raise ValueError(f"policy.lora_rank={self.policy.lora_rank} needs peft: pip install -e '.[lora]' (or set "
                              "policy.lora_rank=0 for full fine-tuning)")
         self.predictor.check_machine()
+        if self.data.options:
+            check_options(self.data.domain, self.data.options)
         model = self.policy.model
         if model != "embedded" and not (model and Path(model).is_dir()) and not _looks_like_hub_id(model):
             raise ValueError(f"policy.model={model!r} is neither 'embedded', a local model directory nor a hub id "
                              "like Qwen/Qwen3-0.6B")
+
+    def domain_factory(self) -> Callable[[], Any] | None:
+        """The built-in domain this run trains on, as a picklable zero-argument factory (the trainer and the Ray
+        rollout workers build it the same way); None for a task of your own. The embedded multihop policy's world
+        is the one its build describes (`policy.embedded`)."""
+        if self.data.domain == "task":
+            return None
+        if self.policy.model == "embedded" and self.data.domain == "multihop":
+            return self.policy.embedded.make_domain
+        return functools.partial(make_domain, self.data.domain, **self.data.options)
 
     def out_dir(self) -> Path:
         return Path(self.run.out_dir.format(method=self.method, seed=self.run.seed))

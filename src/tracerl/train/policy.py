@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from tracerl.io.chat import ChatRenderer
-from tracerl.io.domains import make_domain
 from tracerl.io.driver import DriverLimits
 from tracerl.train.config import TrainConfig, check_device
 
@@ -51,6 +50,15 @@ def _user_task(config: TrainConfig) -> Any:
     from tracerl.io.task import load_task
     return load_task(config.data.task, config.data.train_files, config.data.test_files,
                      branching=METHODS[config.method].prefix_policy is not None)
+
+
+def embedded_domain(config: TrainConfig) -> Any:
+    """The domain an embedded build is made for, beside its own multihop world (None): a built-in domain with its
+    `data.options`, or the user's task."""
+    if config.data.domain == "multihop":
+        return None
+    factory = config.domain_factory()
+    return factory() if factory else _user_task(config)
 
 
 def _limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:
@@ -156,7 +164,7 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
         from tracerl.policy.embedded import build_embedded
 
         built = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
-                               progress=say, domain=_user_task(config))
+                               progress=say, domain=embedded_domain(config))
         return TrainPolicy(built.model, built.tokenizer, built.renderer, built.domain,
                            _limits(config, built.config.limits()), built.tokenizer.pad_token_id, str(built.path))
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -171,5 +179,6 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
         raise ValueError(f"could not load policy.model={config.policy.model!r} ({err}); pass a local model "
                          "directory, or a hub id on a machine that can download it") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), _user_task(config) or make_domain(config.data.domain),
+    factory = config.domain_factory()
+    return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), factory() if factory else _user_task(config),
                        _limits(config, DriverLimits()), int(pad_id or 0), config.policy.model)

@@ -9,6 +9,9 @@ a turn: parse the action, run a tool or score the final answer, turn every failu
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
@@ -90,6 +93,24 @@ class Domain(ABC):
     @abstractmethod
     def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
         """The scripted expert's next policy text, given the (action, observation) pairs so far."""
+
+    def with_options(self, **options: Any) -> "Domain":
+        """The same domain with some constructor options changed (an embedded build's `warmup_options`: the warm
+        start's own question mix). Built-in dataclass domains only."""
+        if not dataclasses.is_dataclass(self):
+            raise ValueError(f"domain {self.name!r} has no options to change")
+        names = {f.name for f in dataclasses.fields(self) if f.init}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"domain {self.name!r} has no option {unknown}; its options: {sorted(names)}")
+        return dataclasses.replace(self, **options)
+
+    def fingerprint(self) -> str:
+        """16 hex digits naming the domain and its options (part of an embedded build's cache key, beside the build
+        config's own hash): two domains with the same class and options make the same rows and experts."""
+        options = {k: v for k, v in vars(self).items() if not k.startswith("_")}  # private: caches, pools
+        text = json.dumps([type(self).__module__, type(self).__qualname__, options], sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def state_features(self, history: History) -> dict[str, float]:
         """Named features of a history's state for the success predictor (`tracerl.core.features`: e.g. hops

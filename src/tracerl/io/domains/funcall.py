@@ -34,7 +34,7 @@ import hashlib
 import json
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -408,10 +408,21 @@ def split_of(question: str) -> str:
     return "test" if bucket < TEST_FRACTION else "train"
 
 
+@dataclass
 class FuncallDomain(Domain):
     """Rows of the built-in suite, its environment, and a scripted expert that replays the required calls."""
 
+    # template -> weight of drawing it (normalised; a template left out is never drawn); {} = all eleven, uniform
+    templates: dict[str, float] = field(default_factory=dict)
+
     name = DATA_SOURCE
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.templates) - set(TEMPLATES))
+        if unknown:
+            raise ValueError(f"funcall templates names {unknown}; choose from {sorted(TEMPLATES)}")
+        if self.templates and (any(not w >= 0 for w in self.templates.values()) or sum(self.templates.values()) <= 0):
+            raise ValueError(f"funcall template weights must be >= 0 with a positive sum; got {self.templates}")
 
     def state_features(self, history: History) -> dict[str, float]:
         """What the predictor reads of a history's state (`history_state`)."""
@@ -424,7 +435,8 @@ class FuncallDomain(Domain):
         rows: list[dict[str, Any]] = []
         while len(rows) < num:
             world = random_world(rng)
-            task = _pick(rng, sorted(TEMPLATES))
+            task = _pick(rng, sorted(TEMPLATES)) if not self.templates else \
+                rng.choices(list(self.templates), weights=list(self.templates.values()))[0]
             question, calls, answer = TEMPLATES[task](rng, world)
             if split_of(question) != split:
                 continue

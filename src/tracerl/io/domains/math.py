@@ -23,11 +23,14 @@ matplotlib via cellpylib, and small pure-Python packages, all imported by its pa
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import math
 import operator
+import os
 import re
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -36,7 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool
+from tracerl.io.actions import Tool, parse_action
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.env import StepResult
 from tracerl.io.rows import check_row
@@ -147,12 +150,28 @@ class MathEnv(ToolEnv):
     marks the turn `tool_error`. A broken sandbox (`SandboxError`: the host cannot run it) is not the
     model's fault and is re-raised. `limits` is a `tracerl.io.sandbox.SandboxLimits`; None: its defaults."""
 
-    def __init__(self, limits: Any = None, rel_tol: float = 1e-6) -> None:
+    def __init__(self, limits: Any = None, rel_tol: float = 1e-6, pool: Executor | None = None) -> None:
         super().__init__()
         self.limits = limits
         self.rel_tol = rel_tol
+        self.pool = pool  # runs `prefetch`ed programs; None: every program runs when its turn is stepped
+        self._prefetched: dict[str, Future] = {}
         self._last_call_failed = False
         self._host_error: Exception | None = None
+
+    def prefetch(self, action: str) -> None:
+        """Start the program of a python call in the domain's pool before `step(action)` asks for it: the driver
+        calls this for every turn of a batch first, so a batch's sandboxes run side by side. The program runs
+        exactly as `step` would run it (same sandbox, same limits); only when changes."""
+        parsed = parse_action(action)
+        code = parsed.arguments.get("code") if parsed.kind == "tool_call" and parsed.name == "python" else None
+        if self.pool is not None and isinstance(code, str) and code not in self._prefetched:
+            self._prefetched[code] = self.pool.submit(self._run, code)
+
+    def _run(self, code: str) -> Any:
+        from tracerl.io.sandbox import SandboxLimits, run_python  # lazy: see the module doc
+
+        return run_python(code, self.limits if self.limits is not None else SandboxLimits())
 
     def initial_state(self, row: dict[str, Any]) -> dict[str, Any]:
         return {"num_python_calls": 0}
@@ -163,11 +182,12 @@ class MathEnv(ToolEnv):
         return {"python": Tool("python", PYTHON_TOOL_DOC, parameters, self._python)}
 
     def _python(self, code: str) -> str:
-        from tracerl.io.sandbox import SandboxError, SandboxLimits, run_python  # lazy: see the module doc
+        from tracerl.io.sandbox import SandboxError  # lazy: see the module doc
 
         self.state["num_python_calls"] += 1
+        pending = self._prefetched.pop(code, None)
         try:
-            result = run_python(code, self.limits if self.limits is not None else SandboxLimits())
+            result = pending.result() if pending is not None else self._run(code)
         except SandboxError as err:  # call_tool would turn it into an observation; `step` re-raises it
             self._host_error = err
             raise
@@ -191,6 +211,22 @@ class MathEnv(ToolEnv):
 
 # -- domain --------------------------------------------------------------------------------------
 
+def _check_generator_options(options: dict[str, dict[str, Any]]) -> None:
+    """Every option is a field of its generator's reasoning-gym config, and the config accepts the values."""
+    from reasoning_gym.factory import DATASETS  # lazy: only a config that sets generator options pays for it
+
+    for name, values in options.items():
+        config_class = DATASETS[name][1]
+        known = sorted(f.name for f in dataclasses.fields(config_class) if f.name not in ("seed", "size"))
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"math generator_options[{name!r}] has {unknown}; {name} takes {known}")
+        try:
+            config_class(**values).validate()
+        except (AssertionError, TypeError, ValueError) as err:
+            raise ValueError(f"math generator_options[{name!r}] = {values} is refused by {name}: {err}") from None
+
+
 def _split_of(question: str, test_fraction: float) -> str:
     bucket = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") / 2**64
     return "test" if bucket < test_fraction else "train"
@@ -207,6 +243,9 @@ class MathDomain(Domain):
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))  # generator -> weight (normalised)
     test_fraction: float = 0.2  # share of all questions (by hash of the text) held out for the test split
     limits: Any = None  # SandboxLimits for the python tool; None: the sandbox's defaults (5 s, 512 MB)
+    # generator -> options of its reasoning-gym config (e.g. {"chain_sum": {"max_digits": 2}}: shorter numbers)
+    generator_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False, compare=False)
 
     name = "math"
 
@@ -223,6 +262,11 @@ class MathDomain(Domain):
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"math test_fraction={self.test_fraction} must lie strictly between 0 and 1")
         self.mix = {name: w for name, w in self.mix.items() if w > 0}
+        stray = sorted(set(self.generator_options) - set(self.mix))
+        if stray:
+            raise ValueError(f"math generator_options names {stray}, which the mix {sorted(self.mix)} does not draw")
+        if self.generator_options:
+            _check_generator_options(self.generator_options)
 
     def rows(self, split: str, num: int, seed: int = 0) -> list[dict[str, Any]]:
         """`num` distinct questions of `split`, drawn generator by generator with probabilities `mix`."""
@@ -232,7 +276,8 @@ class MathDomain(Domain):
         names = list(self.mix)
         p_generator = np.array([self.mix[n] for n in names]) / sum(self.mix.values())
         capacity = 50 * num + 1000  # virtual dataset size; only the entries actually drawn are generated
-        datasets = {n: reasoning_gym.create_dataset(n, seed=_derived_seed(seed, split, n), size=capacity)
+        datasets = {n: reasoning_gym.create_dataset(n, seed=_derived_seed(seed, split, n), size=capacity,
+                                                    **self.generator_options.get(n, {}))
                     for n in names}
         cursors = dict.fromkeys(names, 0)
         rng = np.random.default_rng(_derived_seed(seed, split, "mix"))
@@ -258,7 +303,18 @@ class MathDomain(Domain):
         return out
 
     def make_env(self) -> MathEnv:
-        return MathEnv(self.limits)
+        return MathEnv(self.limits, pool=self._sandbox_pool())
+
+    def _sandbox_pool(self) -> ThreadPoolExecutor:
+        """The threads that run prefetched programs, made on first use (a domain sent to a Ray worker holds none):
+        as many as the machine has cores, each waiting on its own sandbox process."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
+                                            thread_name_prefix="tracerl-sandbox")
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:  # a pool does not pickle; the copy makes its own
+        return {**self.__dict__, "_pool": None}
 
     def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
         """Turn 1: a program (the question's expression if it has one, else `print(ground truth)`);
