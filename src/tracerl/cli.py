@@ -91,6 +91,13 @@ def _bench_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_stage2(args: argparse.Namespace) -> int:
+    from tracerl.report.stage2 import write_report
+
+    print(write_report(args.run_dirs, out=args.out), end="")
+    return 0
+
+
 def _with_sets(cfg, sets: list[str] | None):
     """A bench config with `--set key=value` overrides applied, checked as `tracerl train` checks its own."""
     if not sets:
@@ -345,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_predictors)
+
+    p = bench.add_parser("stage2", help="stage-2 continuations against fresh rollouts, priced, by anchor depth and "
+                                        "predicted p, from trace runs' saved trees")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (one per seed) written with "
+                                                                  "run.save_trees=true")
+    p.add_argument("--out", help="also write the Markdown report to this file")
+    p.set_defaults(func=_bench_stage2)
 
     p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")
     _add_run_options(p)

@@ -49,6 +49,7 @@ def test_every_subcommand_has_help(capsys, words):
 COVERED = {"bench alloc": "test_bench_alloc_and_predictors", "bench predictors": "test_bench_alloc_and_predictors",
            "bench engine": "test_bench_engine_and_pack", "bench pack": "test_bench_engine_and_pack",
            "bench view": "test_bench_view_runs_or_says_what_to_install", "train": "test_train_resume_eval_view_report",
+           "bench stage2": "test_train_resume_eval_view_report",
            "eval": "test_train_resume_eval_view_report", "view": "test_train_resume_eval_view_report",
            "report": "test_train_resume_eval_view_report", "compare": "test_compare",
            "warmstart": "test_regime_and_warmstart", "regime": "test_regime_and_warmstart",
@@ -133,6 +134,9 @@ def test_train_resume_eval_view_report(trained, capsys):
     # README: tracerl report runs/trace-seed0
     status, text, _ = run(capsys, "report", out)
     assert status == 0 and Path(text.strip()).name == "report.md"
+    # README: tracerl bench stage2 RUN_DIR ... (a grpo run: fresh rollouts only)
+    status, text, _ = run(capsys, "bench", "stage2", out)
+    assert status == 0 and "| fresh | 1 |" in text, text
 
 
 def test_regime_and_warmstart(tiny_overrides, tmp_path, capsys):

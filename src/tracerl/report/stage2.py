@@ -1,0 +1,286 @@
+"""`tracerl bench stage2`: do stage-2 continuations pay for what they cost, compared with fresh rollouts?
+
+Read from the trees a `method=trace` run saves (`trees/step-*.json.gz`, `run.save_trees=true`). Every rollout (leaf)
+is one sample bought at a price (`tracerl.core.metrics.rollout_price`): a fresh rollout (anchored at the root) costs
+1 budget unit, a continuation (anchored at an intermediate prefix) `allocation.continuation_cost` units, and each
+sampled the policy tokens below its anchor itself (a shared prefix counts once, with the rollout that sampled it).
+A rollout is informative when its advantage before any batch-level whitening is non-zero
+(`tracerl.core.metrics.raw_advantages` of the run's estimator and advantage config, as the step metrics count it):
+that is what a policy gradient learns from. Per group of rollouts the report gives
+
+- informative units per unit: the units of informative rollouts over the units of all of them. Within one origin
+  every rollout has one price, so this is the informative share of its rollouts; priced as the step metrics price
+  (an informative sample counts at what it cost), a continuation pays for its units when its share is at least
+  the fresh rollouts' share;
+- informative sampled tokens per sampled token: the tokens informative rollouts sampled over all tokens sampled.
+  A continuation samples only its suffix, so this is where a cheap prefix shows;
+
+for fresh rollouts, for continuations, and for continuations by the anchor's depth (its turn index) and by the
+predictor's success probability at the anchor (`Node.p_pred`, written by stage 2 when it scores its candidates;
+"none" for prefix policies that read no probability). Steps pool within a run as ratios of sums, with the counts
+behind each ratio; across runs (seeds) the report gives the mean of the per-seed ratios with a Student-t 95%
+interval over seeds (`tracerl.core.stats.t_quantile_975`), and the paired difference continuation minus fresh per
+seed with its interval and t-test p-value. One seed gives no interval: the spread between training runs is the
+noise a conclusion must clear.
+
+Reading it: with a group baseline, whether a rollout is informative is mostly a property of its tree (a mixed tree
+makes nearly all its rollouts informative), so fresh rollouts and continuations of the same trees read alike per
+unit; the token measure (a continuation's suffix is shorter) and the depth and p breakdowns are where they differ.
+
+Deliberately not here: training, and any reading of `metrics.jsonl` (everything is recomputed from the trees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from tracerl.core.advantages import AdvantageConfig, compute_advantages
+from tracerl.core.ledger import make_prices
+from tracerl.core.methods import AllocationConfig, get_method
+from tracerl.core.metrics import raw_advantages, rollout_price
+from tracerl.core.stats import paired_t_pvalue, t_quantile_975
+from tracerl.core.tree import Tree
+from tracerl.io.config import from_dict, load_file
+from tracerl.io.runlog import TREES_DIR, read_trees
+
+P_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # bins of the predicted p at the anchor: [0, 0.2), ..., [0.8, 1.0]
+MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One leaf's rollout: where it started, what it cost, and whether it carries signal."""
+
+    continuation: bool  # anchored below the root (stage 2)
+    anchor_depth: int  # turns in the anchor's prefix (0 for a fresh rollout)
+    p_anchor: float | None  # the predictor's success probability at the anchor; None where none was recorded
+    units: float  # budget units (rollout_price)
+    sampled_tokens: int  # policy tokens sampled below the anchor (rollout_price)
+    informative: bool  # non-zero advantage before batch-level whitening
+
+
+@dataclass
+class Tally:
+    """Counts of a group of rollouts; its ratios are ratios of these sums."""
+
+    num_rollouts: int = 0
+    num_informative: int = 0
+    units: float = 0.0
+    informative_units: float = 0.0
+    sampled_tokens: int = 0
+    informative_sampled_tokens: int = 0
+
+    def add(self, r: Rollout) -> None:
+        self.num_rollouts += 1
+        self.units += r.units
+        self.sampled_tokens += r.sampled_tokens
+        if r.informative:
+            self.num_informative += 1
+            self.informative_units += r.units
+            self.informative_sampled_tokens += r.sampled_tokens
+
+    def ratios(self) -> dict[str, float]:
+        """The MEASURES (nan for an empty group)."""
+        return {"informative_units_per_unit": _div(self.informative_units, self.units),
+                "informative_sampled_tokens_per_token": _div(self.informative_sampled_tokens, self.sampled_tokens)}
+
+
+def _div(a: float, b: float) -> float:
+    return float(a) / float(b) if b else float("nan")
+
+
+def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, continuation_cost: float,
+             atol: float = 1e-12) -> list[Rollout]:
+    """Every leaf of one step's `trees` as a `Rollout`. Advantages are the step metrics' own: `compute_advantages`
+    of the run's estimator, then `raw_advantages` (its form before batch whitening); a rollout is informative when
+    any of its segments' values exceeds `atol` in size (`tracerl.core.metrics.step_counts`' test)."""
+    advantages = compute_advantages(estimator, trees, config)
+    raw = raw_advantages(estimator, trees, advantages, config)
+    out = []
+    for tree, adv in zip(trees, raw):
+        for leaf, row in zip(adv.leaf_ids, adv.values):
+            anchor = tree.nodes[tree.nodes[leaf].anchor_id]
+            units, tokens = rollout_price(tree, leaf, continuation_cost)
+            out.append(Rollout(anchor.node_id != 0, anchor.depth, anchor.p_pred, units, tokens,
+                               bool(np.any(np.abs(row) > atol))))
+    return out
+
+
+def p_bin(p: float | None, edges: Sequence[float] = P_EDGES) -> str:
+    """The label of p's bin, "[lo, hi)" (the last bin closed), or "none"."""
+    if p is None:
+        return "none"
+    j = min(max(int(np.searchsorted(edges, p, side="right")) - 1, 0), len(edges) - 2)
+    close = "]" if j == len(edges) - 2 else ")"
+    return f"[{edges[j]:.1f}, {edges[j + 1]:.1f}{close}"
+
+
+def tally(items: Sequence[Rollout], key: Callable[[Rollout], Hashable | None]) -> dict[Hashable, Tally]:
+    """Rollouts grouped by `key` (None leaves a rollout out), each group tallied."""
+    groups: dict[Hashable, Tally] = defaultdict(Tally)
+    for r in items:
+        k = key(r)
+        if k is not None:
+            groups[k].add(r)
+    return dict(groups)
+
+
+def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) -> dict[str, dict[Hashable, Tally]]:
+    """A run's rollouts (every step pooled) tallied by origin, and its continuations by anchor depth and by p bin."""
+    return {
+        "origin": tally(items, lambda r: "continuation" if r.continuation else "fresh"),
+        "depth": tally(items, lambda r: r.anchor_depth if r.continuation else None),
+        "p": tally(items, lambda r: p_bin(r.p_anchor, edges) if r.continuation else None),
+    }
+
+
+@dataclass(frozen=True)
+class SeedMean:
+    """The mean over seeds of a per-seed value, with a 95% t interval (nan bounds below 2 seeds)."""
+
+    mean: float
+    lo: float
+    hi: float
+    per_seed: tuple[float, ...]
+    p_value: float = float("nan")  # paired t-test of mean 0 (differences only)
+
+
+def seed_mean(values: Sequence[float], test: bool = False) -> SeedMean:
+    """Mean of the finite per-seed `values` and its Student-t 95% interval over seeds; with `test`, the two-sided
+    p-value that the mean is 0."""
+    v = np.array([x for x in values if math.isfinite(x)], dtype=float)
+    if not len(v):
+        return SeedMean(float("nan"), float("nan"), float("nan"), ())
+    half = t_quantile_975(len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)) if len(v) >= 2 else float("nan")
+    mean = float(v.mean())
+    return SeedMean(mean, mean - half, mean + half, tuple(float(x) for x in v),
+                    paired_t_pvalue(v) if test else float("nan"))
+
+
+def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, Any]:
+    """Per table and group: the seed mean of each measure and the counts summed over seeds; and, per measure, the
+    paired difference continuation minus fresh (seeds with both)."""
+    tables: dict[str, dict[Hashable, dict[str, Any]]] = {}
+    for table in ("origin", "depth", "p"):
+        keys = _ordered(table, {k for run in runs for k in run[table]})
+        tables[table] = {}
+        for k in keys:
+            present = [run[table][k] for run in runs if k in run[table]]
+            total = Tally(**{f.name: sum(getattr(t, f.name) for t in present) for f in dataclasses.fields(Tally)})
+            tables[table][k] = {"counts": total, "num_seeds": len(present),
+                                **{m: seed_mean([t.ratios()[m] for t in present]) for m in MEASURES}}
+    paired = {}
+    for m in MEASURES:
+        both = [run["origin"] for run in runs if {"fresh", "continuation"} <= set(run["origin"])]
+        paired[m] = seed_mean([o["continuation"].ratios()[m] - o["fresh"].ratios()[m] for o in both], test=True)
+    return {"tables": tables, "paired": paired}
+
+
+def _ordered(table: str, keys) -> list:
+    """A table's groups in reading order: fresh before continuation; depths and p bins ascending ("none" last)."""
+    return sorted(keys, key=lambda k: {"fresh": 0, "continuation": 1}[k]) if table == "origin" else sorted(keys)
+
+
+# ---------------------------------------------------------------------------------------------- run directories
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's rollouts, every saved step pooled, priced and judged with the run's own config."""
+    run_dir = Path(run_dir)
+    config = load_file(run_dir / "config.json")
+    estimator = get_method(config["method"]).advantage
+    adv_config = from_dict(AdvantageConfig, config.get("advantages", {}), where="advantages")
+    allocation = from_dict(AllocationConfig, config.get("allocation", {}), where="allocation")
+    continuation_cost = make_prices(allocation).ledger().rollout_cost(continuation=True)
+    steps = sorted(int(p.name[5:11]) for p in (run_dir / TREES_DIR).glob("step-*.json.gz"))
+    if not steps:
+        raise ValueError(f"{run_dir} has no saved trees; train with run.save_trees=true")
+    items: list[Rollout] = []
+    for step in steps:
+        trees = [Tree.from_dict(t) for t in read_trees(run_dir, step)["trees"]]
+        items += rollouts(trees, estimator, adv_config, continuation_cost)
+    return {"name": run_dir.name, "method": config["method"], "estimator": estimator,
+            "continuation_cost": continuation_cost, "num_steps": len(steps), "rollouts": items}
+
+
+def report(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
+    """Per run and across runs (see the module docstring)."""
+    runs = [read_run(d) for d in run_dirs]
+    for run in runs:
+        run["summary"] = summarize_run(run["rollouts"])
+    return {"runs": runs, "pooled": across_seeds([run["summary"] for run in runs])}
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+TITLES = {"origin": "Fresh rollouts and continuations", "depth": "Continuations by anchor depth (turns)",
+          "p": "Continuations by predicted success probability at the anchor"}
+
+
+def _num(x: float, digits: int = 3) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _estimate(e: SeedMean) -> str:
+    if not e.per_seed:
+        return "n/a"
+    if not math.isfinite(e.lo):
+        return _num(e.mean)
+    return f"{_num(e.mean)} [{_num(e.lo)}, {_num(e.hi)}]"
+
+
+def _counts_cells(t: Tally) -> list[str]:
+    return [str(t.num_rollouts), str(t.num_informative), f"{t.units:g}", f"{t.informative_units:g}",
+            str(t.sampled_tokens), str(t.informative_sampled_tokens)]
+
+
+COUNT_HEADER = ["rollouts", "informative", "units", "inf. units", "sampled tokens", "inf. sampled tokens"]
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """The report as Markdown: the across-seed tables, the paired difference, then each run's counts."""
+    runs, pooled = result["runs"], result["pooled"]
+    lines = ["# Stage 2 on its own terms", "",
+             f"{len(runs)} run(s): " + ", ".join(f"`{r['name']}` ({r['method']}, {r['num_steps']} steps, "
+                                                  f"continuation {r['continuation_cost']:g} units)" for r in runs), "",
+             "A rollout is informative when its advantage before batch whitening is non-zero. Ratios pool a run's "
+             "steps as ratios of sums; across runs, the mean of the per-seed ratios with a 95% t interval over seeds "
+             "(none for one seed). Counts are summed over seeds.", ""]
+    for table, title in TITLES.items():
+        lines += [f"## {title}", "", "| group | seeds | inf. units / unit | inf. sampled tokens / token | "
+                  + " | ".join(COUNT_HEADER) + " |",
+                  "|---" * (4 + len(COUNT_HEADER)) + "|"]
+        for k, row in pooled["tables"][table].items():
+            lines.append(f"| {k} | {row['num_seeds']} | {_estimate(row[MEASURES[0]])} | "
+                         f"{_estimate(row[MEASURES[1]])} | " + " | ".join(_counts_cells(row["counts"])) + " |")
+        if not pooled["tables"][table]:
+            lines.append("| (no rollouts) |" + " |" * (3 + len(COUNT_HEADER)))
+        lines.append("")
+    lines += ["## Continuation minus fresh, paired by seed", "",
+              "| measure | seeds | mean [95% CI] | p (t-test) | per seed |", "|---|---|---|---|---|"]
+    for m, e in pooled["paired"].items():
+        lines.append(f"| {m} | {len(e.per_seed)} | {_estimate(e)} | {_num(e.p_value)} | "
+                     f"{', '.join(_num(v) for v in e.per_seed) or 'n/a'} |")
+    lines += ["", "## Per run", "",
+              "| run | table | group | inf. units / unit | inf. sampled tokens / token | " + " | ".join(COUNT_HEADER)
+              + " |", "|---" * (5 + len(COUNT_HEADER)) + "|"]
+    for run in runs:
+        for table in TITLES:
+            for k in _ordered(table, run["summary"][table]):
+                t = run["summary"][table][k]
+                r = t.ratios()
+                lines.append(f"| {run['name']} | {table} | {k} | {_num(r[MEASURES[0]])} | {_num(r[MEASURES[1]])} | "
+                             + " | ".join(_counts_cells(t)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> str:
+    """The Markdown report of `run_dirs`, written to `out` when given; returns the Markdown."""
+    text = to_markdown(report(run_dirs))
+    if out is not None:
+        Path(out).write_text(text)
+    return text

@@ -1,0 +1,161 @@
+"""The stage-2 report on hand-built trees: every count and ratio checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tracerl.cli import main
+from tracerl.core.advantages import AdvantageConfig, compute_advantages
+from tracerl.core.metrics import raw_advantages, step_counts
+from tracerl.core.tree import Segment, Tree
+from tracerl.io.runlog import write_trees
+from tracerl.report.stage2 import (
+    Tally,
+    across_seeds,
+    p_bin,
+    read_run,
+    rollouts,
+    seed_mean,
+    summarize_run,
+    write_report,
+)
+
+
+def seg(policy_tokens: int) -> Segment:
+    return Segment.text_only("act", "obs", num_policy_tokens=policy_tokens, num_observation_tokens=2)
+
+
+def mixed_tree() -> Tree:
+    """Two failed fresh rollouts (7 and 5 sampled tokens), then two continuations from node 1 (depth 1, p 0.3):
+    one success (2 tokens), one failure (6 tokens). Mixed, so every rollout is informative under trace."""
+    tree = Tree.new("mixed", "question")
+    tree.add_child(0, seg(3))  # 1
+    tree.add_child(1, seg(4), reward=0.0)  # 2
+    tree.add_child(0, seg(5), reward=0.0)  # 3
+    tree.add_child(1, seg(2), reward=1.0, origin="continuation", anchor_id=1)  # 4
+    tree.add_child(1, seg(6), reward=0.0, origin="continuation", anchor_id=1)  # 5
+    tree.root.num_granted, tree.root.p_pred = 2, 0.5
+    tree.nodes[1].num_granted, tree.nodes[1].p_pred = 2, 0.3
+    return tree
+
+
+def all_fail_tree() -> Tree:
+    """Two failed fresh rollouts (6 and 3 tokens), two failed continuations from node 2 (depth 2, p 0.9) of 4 and
+    1 tokens, the first of two turns: no contrast anywhere, so nothing is informative."""
+    tree = Tree.new("fail", "question")
+    tree.add_child(0, seg(2))  # 1
+    tree.add_child(1, seg(2))  # 2
+    tree.add_child(2, seg(2), reward=0.0)  # 3
+    tree.add_child(0, seg(3), reward=0.0)  # 4
+    tree.add_child(2, seg(3), origin="continuation", anchor_id=2)  # 5
+    tree.add_child(5, seg(1), reward=0.0, origin="continuation")  # 6
+    tree.add_child(2, seg(1), reward=0.0, origin="continuation", anchor_id=2)  # 7
+    tree.root.num_granted = 2
+    tree.nodes[2].num_granted, tree.nodes[2].p_pred = 2, 0.9
+    return tree
+
+
+def counts(t: Tally) -> tuple:
+    return (t.num_rollouts, t.num_informative, t.units, t.informative_units, t.sampled_tokens,
+            t.informative_sampled_tokens)
+
+
+@pytest.mark.parametrize("estimator", ["trace", "grpo", "treepo"])
+def test_counts_by_origin_depth_and_p_match_hand_counts(estimator):
+    items = rollouts([mixed_tree(), all_fail_tree()], estimator, AdvantageConfig(), continuation_cost=0.5)
+    summary = summarize_run(items)
+    assert set(summary["origin"]) == {"fresh", "continuation"}
+    # fresh: 4 rollouts at 1 unit; the mixed tree's two (7 + 5 tokens) informative, the all-fail tree's (6 + 3) not
+    assert counts(summary["origin"]["fresh"]) == (4, 2, 4.0, 2.0, 21, 12)
+    # continuations at 0.5 units: the mixed tree's (2 + 6 tokens) informative, the all-fail tree's (4 + 1) not
+    assert counts(summary["origin"]["continuation"]) == (4, 2, 2.0, 1.0, 13, 8)
+    assert summary["origin"]["continuation"].ratios() == {"informative_units_per_unit": 0.5,
+                                                          "informative_sampled_tokens_per_token": 8 / 13}
+    assert summary["origin"]["fresh"].ratios()["informative_sampled_tokens_per_token"] == 12 / 21
+    assert {k: counts(t) for k, t in summary["depth"].items()} == {1: (2, 2, 1.0, 1.0, 8, 8), 2: (2, 0, 1.0, 0.0, 5, 0)}
+    assert {k: counts(t) for k, t in summary["p"].items()} == {"[0.2, 0.4)": (2, 2, 1.0, 1.0, 8, 8),
+                                                               "[0.8, 1.0]": (2, 0, 1.0, 0.0, 5, 0)}
+
+
+def test_totals_agree_with_the_step_metrics():
+    """Summed over every rollout, the report's informative units and tokens are the step metrics' own."""
+    trees = [mixed_tree(), all_fail_tree()]
+    config = AdvantageConfig()
+    for estimator in ("trace", "treepo"):
+        advantages = compute_advantages(estimator, trees, config)
+        step = step_counts(trees, advantages, 6.0, 34, raw_advantages=raw_advantages(estimator, trees, advantages,
+                                                                                     config), continuation_cost=0.25)
+        items = rollouts(trees, estimator, config, continuation_cost=0.25)
+        assert sum(r.informative for r in items) == step["num_informative_rollouts"]
+        assert sum(r.units for r in items if r.informative) == step["informative_units"]
+        assert sum(r.sampled_tokens for r in items if r.informative) == step["num_informative_sampled_tokens"]
+        assert sum(r.sampled_tokens for r in items) == 34  # every policy token sampled once, with its own rollout
+
+
+def test_p_bins():
+    assert [p_bin(p) for p in (0.0, 0.19, 0.2, 0.5, 0.8, 1.0, None)] == [
+        "[0.0, 0.2)", "[0.0, 0.2)", "[0.2, 0.4)", "[0.4, 0.6)", "[0.8, 1.0]", "[0.8, 1.0]", "none"]
+
+
+def test_seed_mean_is_the_t_interval_over_seeds_and_skips_undefined_seeds():
+    e = seed_mean([0.2, 0.4, float("nan")])
+    assert e.per_seed == (0.2, 0.4)
+    assert e.mean == pytest.approx(0.3)
+    # sd 0.1414, se 0.1, t(1 dof) 12.706
+    assert (e.lo, e.hi) == (pytest.approx(0.3 - 1.2706), pytest.approx(0.3 + 1.2706))
+    one = seed_mean([0.25])
+    assert one.mean == 0.25 and math.isnan(one.lo) and math.isnan(one.hi)
+
+
+def test_across_seeds_pairs_continuation_and_fresh_per_seed():
+    trees = [mixed_tree(), all_fail_tree()]
+    seed_a = summarize_run(rollouts(trees, "trace", AdvantageConfig(), 0.5))
+    seed_b = summarize_run(rollouts(trees[:1], "trace", AdvantageConfig(), 0.5))  # the mixed tree only
+    pooled = across_seeds([seed_a, seed_b])
+    fresh = pooled["tables"]["origin"]["fresh"]
+    assert fresh["num_seeds"] == 2
+    assert counts(fresh["counts"]) == (6, 4, 6.0, 4.0, 33, 24)  # seed a's (4, 2, ...) plus seed b's (2, 2, ...)
+    assert fresh["informative_units_per_unit"].per_seed == (0.5, 1.0)
+    assert pooled["tables"]["depth"][2]["num_seeds"] == 1  # only seed a has a depth-2 anchor
+    tokens = pooled["paired"]["informative_sampled_tokens_per_token"]
+    assert tokens.per_seed == pytest.approx((8 / 13 - 12 / 21, 1.0 - 1.0))
+    assert tokens.mean == pytest.approx((8 / 13 - 12 / 21) / 2)
+    assert tokens.lo < tokens.mean < tokens.hi
+
+
+def write_run(path, continuation_cost, steps):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"method": "trace", "allocation": {
+        "continuation_cost": continuation_cost}, "advantages": {"min_leaves": 2}}))
+    for step in steps:
+        write_trees(path, step, {"step": step, "method": "trace", "pool": [],
+                                 "trees": [mixed_tree().to_dict(), all_fail_tree().to_dict()]})
+
+
+def test_a_run_directory_is_read_with_its_own_price_and_every_step(tmp_path):
+    write_run(tmp_path / "trace-seed0", 0.25, steps=(1, 2))
+    run = read_run(tmp_path / "trace-seed0")
+    assert run["num_steps"] == 2 and run["continuation_cost"] == 0.25
+    summary = summarize_run(run["rollouts"])
+    assert counts(summary["origin"]["continuation"]) == (8, 4, 2.0, 1.0, 26, 16)  # two steps, 0.25 units each
+    assert counts(summary["origin"]["fresh"]) == (8, 4, 8.0, 4.0, 42, 24)
+
+
+def test_cli_writes_the_markdown(tmp_path, capsys):
+    write_run(tmp_path / "a", 0.5, steps=(1,))
+    write_run(tmp_path / "b", 0.5, steps=(1, 2))
+    out = tmp_path / "stage2.md"
+    assert main(["bench", "stage2", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text == capsys.readouterr().out == write_report([tmp_path / "a", tmp_path / "b"])
+    assert "| continuation | 2 | 0.500 [0.500, 0.500] | 0.615 [0.615, 0.615] | 12 | 6 | 6 | 3 | 39 | 24 |" in text
+    assert "| [0.8, 1.0] | 2 | 0.000 [0.000, 0.000] |" in text
+
+
+def test_a_run_without_trees_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"method": "trace"}))
+    with pytest.raises(ValueError, match="save_trees"):
+        read_run(tmp_path)
