@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-GROUP_KEYS = ("hops", "answerable")  # row extra_info fields that name a question's type, when a domain sets them
+GROUP_KEYS = ("hops", "answerable", "task", "generator")  # row extra_info fields that name a question's type, when a domain sets them
 
 
 def regime_shares(per_prompt: Sequence[float], n: int) -> dict[str, Any]:

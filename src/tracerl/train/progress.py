@@ -48,7 +48,8 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"held-out success after:  {after['eval/success']:.1%} ± {after['eval/success_se']:.1%} (SE), "
           f"{result['steps']} steps, {result['cum_units']:.0f} budget units, {result['cum_tokens']:,} sampled tokens")
     ratio = f" = {result['improvement'] / se:+.1f} x the larger SE" if se > 0 else ""
-    print(f"improvement: {result['improvement']:+.1%}{ratio} (paired SE of the difference "
-          f"{result['improvement_se']:.1%}); run directory {result['out_dir']}")
+    diff, paired = result["improvement"], result["improvement_se"]
+    print(f"improvement: {diff:+.1%}{ratio} (paired over the same questions: SE {paired:.1%}, 95% interval "
+          f"[{diff - 1.96 * paired:+.1%}, {diff + 1.96 * paired:+.1%}]); run directory {result['out_dir']}")
     if result.get("report"):
         print(f"report: {result['report']} (trees: tracerl view {result['out_dir']})")
