@@ -1,6 +1,6 @@
 """Write the inventory task's prompt rows (verl's layout, JSONL) into examples/inventory/data/.
 
-    python examples/inventory/make_data.py [--num-train 400] [--num-test 60] [--seed 0] [--out DIR]
+    python examples/inventory/make_data.py [--num-train 400] [--num-test 250] [--seed 0] [--out DIR]
 
 Each row is a shop with its own stock (kept in `extra_info.stock`; the task's SQLite database starts from it) and
 one question: the cost of some units (the `price` tool), or what is left after one or two sales (the `sell` tool,
@@ -40,7 +40,7 @@ def make_row(rng: random.Random, split: str, index: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-train", type=int, default=400)
-    parser.add_argument("--num-test", type=int, default=60)
+    parser.add_argument("--num-test", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "data"))
     args = parser.parse_args()

@@ -115,11 +115,11 @@ class DataConfig:
                              "(a task of your own is data.domain='task')")
         if self.task or self.train_files:
             object.__setattr__(self, "domain", "task")  # the default domain gives way to the user's task
+        elif self.domain == "task":
+            raise ValueError("data.domain='task' needs data.task=\"module:function\" or data.train_files")
         if self.options and self.domain == "task":
             raise ValueError("data.options with a task of your own: its options belong in your task's code; drop "
                              "data.options")
-        elif self.domain == "task":
-            raise ValueError("data.domain='task' needs data.task=\"module:function\" or data.train_files")
 
 
 @dataclass(frozen=True)
