@@ -34,3 +34,13 @@ def test_bad_input_raises_with_the_fix():
         regime_shares([1.5], 8)
     with pytest.raises(ValueError, match="n >= 1"):
         regime_shares([0.5], 0)
+
+
+def test_built_in_domains_are_split_by_their_question_type():
+    """Function-calling rows carry their template (`task`), math rows their generator: both are groups."""
+    rows = [{"extra_info": {"task": "balance"}}, {"extra_info": {"task": "transfer"}},
+            {"extra_info": {"generator": "products"}}, {"extra_info": {"generator": "products"}}]
+    out = regime_by_group([1.0, 0.0, 0.5, 1.0], rows, 8)
+    assert set(out["groups"]) == {"task=balance", "task=transfer", "generator=products"}
+    assert out["groups"]["generator=products"]["num_prompts"] == 2
+    assert out["groups"]["generator=products"]["mixed"] == 0.5

@@ -60,6 +60,7 @@ def run(config: Any, split: str = "train", num_prompts: int = 256, n: int = 8, t
     import torch
 
     from tracerl.engines import torch_threads
+    from tracerl.policy.embedded import weights_hash
     from tracerl.policy.evaluation import evaluate_rows
     from tracerl.train.policy import load_policy
 
@@ -74,7 +75,7 @@ def run(config: Any, split: str = "train", num_prompts: int = 256, n: int = 8, t
                                seed=seed)
     out = regime_by_group(result["eval/per_prompt"], rows, n)
     out.update(split=split, temperature=temperature, seed=seed, policy=str(policy.source),
-               sampled_tokens=int(result["eval/sampled_tokens"]), seconds=time.perf_counter() - started)
+               weights_sha256=weights_hash(policy.model), sampled_tokens=int(result["eval/sampled_tokens"]), seconds=time.perf_counter() - started)
     return out
 
 
@@ -88,6 +89,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                      f"{row['all_success']:.1%} | {row['mean_success']:.3f} | {row['histogram']} |")
     if "split" in result:
         lines += ["", f"{result['overall']['num_prompts']} {result['split']} prompts x {n} samples at temperature "
-                  f"{result['temperature']}, seed {result['seed']}, policy {Path(result['policy']).name}; "
-                  f"{result['seconds']:.0f} s."]
+                  f"{result['temperature']}, seed {result['seed']}, policy {Path(result['policy']).name}"
+                  + (f" (weights sha256 {result['weights_sha256'][:16]})" if result.get("weights_sha256") else "")
+                  + f"; {result['seconds']:.0f} s."]
     return "\n".join(lines)
