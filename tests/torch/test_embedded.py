@@ -235,9 +235,13 @@ def test_run_provenance_is_written_once_and_names_the_weights(built, tmp_path):
 
 def test_a_field_added_later_keeps_the_names_of_builds_made_before_it():
     data = EmbeddedConfig().to_dict()
-    del data["warmup_hop_mix"]  # what to_dict wrote before the field existed
+    for name in embedded.KEYLESS_DEFAULTS:  # what to_dict wrote before those fields existed
+        del data[name]
     before = hashlib.sha256(json.dumps({"version": embedded.BUILD_VERSION, **data}, sort_keys=True).encode())
     assert EmbeddedConfig().key() == before.hexdigest()[:16]
+    assert EmbeddedConfig().key() == "b18ae386deb0feb1", "the default build's recorded name changed"
+    for later in (EmbeddedConfig(split_digits=True), EmbeddedConfig(warmup_options={"templates": {"balance": 1.0}})):
+        assert later.key() != EmbeddedConfig().key()
     changed = EmbeddedConfig(warmup_hop_mix=(1, 1, 1, 0.4, 0.05))
     assert changed.key() != EmbeddedConfig().key()
     assert EmbeddedConfig.from_dict(changed.to_dict()) == changed
