@@ -63,6 +63,12 @@ def t_cdf(t: float, dof: int) -> float:
     return float(0.5 + half if t >= 0 else 0.5 - half)
 
 
+def t_half_width(per_seed: Sequence[float]) -> float:
+    """Half the width of the Student-t 95% interval of the mean over seeds (nan below 2 seeds)."""
+    v = np.asarray(per_seed, dtype=float)
+    return float(t_quantile_975(len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) >= 2 else float("nan")
+
+
 def paired_t_pvalue(per_seed: Sequence[float]) -> float:
     """Two-sided p-value of the one-sample t-test that the mean per-seed difference is 0 (nan below 2 seeds)."""
     d = np.asarray(per_seed, dtype=float)
@@ -287,7 +293,7 @@ def paired_difference(method: Sequence[np.ndarray], baseline: Sequence[np.ndarra
     num_q = int(diffs[0].size)
     if len(diffs) >= 2:
         se = float(per_seed.std(ddof=1) / math.sqrt(len(per_seed)))
-        half, over = t_quantile_975(len(per_seed) - 1) * se, "seeds"
+        half, over = t_half_width(per_seed), "seeds"
     else:
         se = float(diffs[0].std(ddof=1) / math.sqrt(num_q)) if num_q > 1 else float("nan")
         half, over = _Z975 * se, "questions"

@@ -65,6 +65,7 @@ import torch
 from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.io.chat import ChatRenderer
+from tracerl.io.domains.base import Domain
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
 from tracerl.io.driver import DriverLimits
 from tracerl.io.env import EpisodeError
@@ -331,8 +332,6 @@ def warmup_seed(seed: int) -> int:
 
 def _domain_key(domain: Any) -> str:
     """The cache key's domain part: '<name><DOMAIN_BUILD_VERSION>-<fingerprint>', the name 'task' for a user's task."""
-    from tracerl.io.domains.base import Domain
-
     return f"{domain.name if isinstance(domain, Domain) else 'task'}{DOMAIN_BUILD_VERSION}-{domain.fingerprint()}"
 
 
@@ -340,8 +339,6 @@ def _warmup_rows(domain: Any, config: EmbeddedConfig, own_world: bool) -> list[d
     """The warm start's questions: multihop's own split (apart from RL's and the test's), a built-in domain's training
     split drawn with `warmup_seed` (and `config.warmup_options` in place of the domain's own, e.g. a template mix
     that leaves room for RL), a user's task's training rows."""
-    from tracerl.io.domains.base import Domain
-
     if own_world:
         if config.warmup_options:
             raise ValueError("warmup_options with the multihop world: its warm start's questions are set by "
@@ -368,8 +365,6 @@ def _expert_episodes(domain: Any, rows: list[dict[str, Any]], config: EmbeddedCo
     def one(i: int) -> Episode:
         return expert_episode(domain, rows[i], np.random.default_rng([config.seed, 0, i]), config.p_noise_turn,
                               config.max_turns, rows)
-
-    from tracerl.io.domains.base import Domain
 
     if not isinstance(domain, Domain):
         return [one(i) for i in range(len(rows))]

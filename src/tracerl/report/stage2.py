@@ -19,7 +19,7 @@ for fresh rollouts, for continuations, and for continuations by the anchor's dep
 predictor's success probability at the anchor (`Node.p_pred`, written by stage 2 when it scores its candidates;
 "none" for prefix policies that read no probability). Steps pool within a run as ratios of sums, with the counts
 behind each ratio; across runs (seeds) the report gives the mean of the per-seed ratios with a Student-t 95%
-interval over seeds (`tracerl.core.stats.t_quantile_975`), and the paired difference continuation minus fresh per
+interval over seeds (`tracerl.core.stats.t_half_width`), and the paired difference continuation minus fresh per
 seed with its interval and t-test p-value. One seed gives no interval: the spread between training runs is the
 noise a conclusion must clear.
 
@@ -45,7 +45,7 @@ from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.metrics import raw_advantages, rollout_price
-from tracerl.core.stats import paired_t_pvalue, t_quantile_975
+from tracerl.core.stats import paired_t_pvalue, t_half_width
 from tracerl.core.tree import Tree
 from tracerl.io.config import from_dict, load_file
 from tracerl.io.runlog import TREES_DIR, read_trees
@@ -158,7 +158,7 @@ def seed_mean(values: Sequence[float], test: bool = False) -> SeedMean:
     v = np.array([x for x in values if math.isfinite(x)], dtype=float)
     if not len(v):
         return SeedMean(float("nan"), float("nan"), float("nan"), ())
-    half = t_quantile_975(len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)) if len(v) >= 2 else float("nan")
+    half = t_half_width(v)
     mean = float(v.mean())
     return SeedMean(mean, mean - half, mean + half, tuple(float(x) for x in v),
                     paired_t_pvalue(v) if test else float("nan"))
