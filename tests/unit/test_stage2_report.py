@@ -15,6 +15,7 @@ from tracerl.io.runlog import write_trees
 from tracerl.report.stage2 import (
     Tally,
     across_seeds,
+    creator_leaves,
     p_bin,
     read_run,
     rollouts,
@@ -72,12 +73,43 @@ def test_counts_by_origin_depth_and_p_match_hand_counts(estimator):
     assert counts(summary["origin"]["fresh"]) == (4, 2, 4.0, 2.0, 21, 12)
     # continuations at 0.5 units: the mixed tree's (2 + 6 tokens) informative, the all-fail tree's (4 + 1) not
     assert counts(summary["origin"]["continuation"]) == (4, 2, 2.0, 1.0, 13, 8)
+    # flips: of the mixed tree's two, the success (anchor's rollout failed, p 0.3); the all-fail tree's none (p 0.9)
     assert summary["origin"]["continuation"].ratios() == {"informative_units_per_unit": 0.5,
-                                                          "informative_sampled_tokens_per_token": 8 / 13}
+                                                          "informative_sampled_tokens_per_token": 8 / 13,
+                                                          "flip_rate": 0.25, "predicted_flip_rate": 0.6}
     assert summary["origin"]["fresh"].ratios()["informative_sampled_tokens_per_token"] == 12 / 21
+    assert math.isnan(summary["origin"]["fresh"].ratios()["flip_rate"])  # a fresh rollout has no anchor outcome
     assert {k: counts(t) for k, t in summary["depth"].items()} == {1: (2, 2, 1.0, 1.0, 8, 8), 2: (2, 0, 1.0, 0.0, 5, 0)}
     assert {k: counts(t) for k, t in summary["p"].items()} == {"[0.2, 0.4)": (2, 2, 1.0, 1.0, 8, 8),
                                                                "[0.8, 1.0]": (2, 0, 1.0, 0.0, 5, 0)}
+    assert {k: (t.ratios()["flip_rate"], t.ratios()["predicted_flip_rate"]) for k, t in summary["depth"].items()} == {
+        1: (0.5, pytest.approx(0.3)), 2: (0.0, pytest.approx(0.9))}
+    assert set(summary["outcome"]) == {"failed"} and summary["outcome"]["failed"].num_judged == 4
+
+
+def two_round_tree() -> Tree:
+    """A fresh success through node 1 (p 0.8 there); a round-1 continuation from node 1 fails, through node 3
+    (p 0.4 there); a round-2 continuation from node 3 fails too. Node 1's rollout succeeded, node 3's failed."""
+    tree = Tree.new("rounds", "question")
+    tree.add_child(0, seg(2))  # 1
+    tree.add_child(1, seg(2), reward=1.0)  # 2: the fresh rollout, success
+    tree.add_child(1, seg(2), origin="continuation", anchor_id=1)  # 3
+    tree.add_child(3, seg(2), reward=0.0, origin="continuation")  # 4: round 1, failure
+    tree.add_child(3, seg(2), reward=0.0, origin="continuation", anchor_id=3)  # 5: round 2, failure
+    tree.nodes[1].p_pred, tree.nodes[3].p_pred = 0.8, 0.4
+    return tree
+
+
+def test_a_continuation_is_judged_against_the_rollout_that_created_its_anchor():
+    tree = two_round_tree()
+    assert creator_leaves(tree) == {1: 2, 2: 2, 3: 4, 4: 4, 5: 5}
+    items = rollouts([tree], "trace", AdvantageConfig(), continuation_cost=0.5)
+    judged = sorted((r.anchor_depth, r.anchor_outcome, r.flipped, round(r.p_flip, 9)) for r in items if r.continuation)
+    # from node 1 (its rollout succeeded): the failure flipped it, predicted 1 - 0.8; from node 3 (created by the
+    # failed round-1 continuation): the failure did not, predicted 0.4
+    assert judged == [(1, 1, True, 0.2), (2, 0, False, 0.4)]
+    summary = summarize_run(items)
+    assert {k: t.num_flipped for k, t in summary["outcome"].items()} == {"succeeded": 1, "failed": 0}
 
 
 def test_totals_agree_with_the_step_metrics():
@@ -151,7 +183,8 @@ def test_cli_writes_the_markdown(tmp_path, capsys):
     assert main(["bench", "stage2", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     text = out.read_text()
     assert text == capsys.readouterr().out == write_report([tmp_path / "a", tmp_path / "b"])
-    assert "| continuation | 2 | 0.500 [0.500, 0.500] | 0.615 [0.615, 0.615] | 12 | 6 | 6 | 3 | 39 | 24 |" in text
+    assert ("| continuation | 2 | 0.500 [0.500, 0.500] | 0.615 [0.615, 0.615] | 0.250 [0.250, 0.250] | "
+            "0.600 [0.600, 0.600] | 12 | 6 | 6 | 3 | 39 | 24 | 3 |") in text
     assert "| [0.8, 1.0] | 2 | 0.000 [0.000, 0.000] |" in text
 
 

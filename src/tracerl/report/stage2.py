@@ -15,9 +15,16 @@ that is what a policy gradient learns from. Per group of rollouts the report giv
 - informative sampled tokens per sampled token: the tokens informative rollouts sampled over all tokens sampled.
   A continuation samples only its suffix, so this is where a cheap prefix shows;
 
-for fresh rollouts, for continuations, and for continuations by the anchor's depth (its turn index) and by the
+for fresh rollouts, for continuations, and for continuations by the anchor's depth (its turn index), by the
 predictor's success probability at the anchor (`Node.p_pred`, written by stage 2 when it scores its candidates;
-"none" for prefix policies that read no probability). Steps pool within a run as ratios of sums, with the counts
+"none" for prefix policies that read no probability) and by the anchor's outcome.
+
+Stage 2's promise against what it got. A candidate anchor's leaves all share one outcome r (the rollout that
+created the anchor; `growth.intermediate_nodes`), and stage 2 buys continuations there because one of them reaches
+the other outcome with probability p (r = 0) or 1 - p (r = 1) (`allocation.prefix_value`). Per continuation the
+report sets that predicted flip probability beside whether it flipped (its reward on the other side of 0.5 from
+the anchor's rollout): where the predicted column sits well above the realized one, the predictor promised
+contrast the policy did not deliver, and the budget went where the objective was miscalibrated. Steps pool within a run as ratios of sums, with the counts
 behind each ratio; across runs (seeds) the report gives the mean of the per-seed ratios with a Student-t 95%
 interval over seeds (`tracerl.core.stats.t_half_width`), and the paired difference continuation minus fresh per
 seed with its interval and t-test p-value. One seed gives no interval: the spread between training runs is the
@@ -52,6 +59,8 @@ from tracerl.io.runlog import TREES_DIR, read_trees
 
 P_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # bins of the predicted p at the anchor: [0, 0.2), ..., [0.8, 1.0]
 MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")
+FLIP_MEASURES = ("flip_rate", "predicted_flip_rate")  # continuations only
+TABLES = ("origin", "depth", "p", "outcome")
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,15 @@ class Rollout:
     units: float  # budget units (rollout_price)
     sampled_tokens: int  # policy tokens sampled below the anchor (rollout_price)
     informative: bool  # non-zero advantage before batch-level whitening
+    anchor_outcome: int | None = None  # continuations: the outcome (0/1) of the rollout that created the anchor
+    flipped: bool | None = None  # continuations: its outcome differs from anchor_outcome
+
+    @property
+    def p_flip(self) -> float | None:
+        """Stage 2's predicted probability that this continuation flips the anchor's outcome (None without p)."""
+        if self.anchor_outcome is None or self.p_anchor is None:
+            return None
+        return 1.0 - self.p_anchor if self.anchor_outcome else self.p_anchor
 
 
 @dataclass
@@ -76,9 +94,19 @@ class Tally:
     informative_units: float = 0.0
     sampled_tokens: int = 0
     informative_sampled_tokens: int = 0
+    num_judged: int = 0  # continuations whose anchor outcome is known
+    num_flipped: int = 0
+    num_predicted: int = 0  # continuations with a predicted flip probability
+    predicted_flips: float = 0.0  # sum of those probabilities
 
     def add(self, r: Rollout) -> None:
         self.num_rollouts += 1
+        if r.flipped is not None:
+            self.num_judged += 1
+            self.num_flipped += int(r.flipped)
+        if r.p_flip is not None:
+            self.num_predicted += 1
+            self.predicted_flips += r.p_flip
         self.units += r.units
         self.sampled_tokens += r.sampled_tokens
         if r.informative:
@@ -87,9 +115,11 @@ class Tally:
             self.informative_sampled_tokens += r.sampled_tokens
 
     def ratios(self) -> dict[str, float]:
-        """The MEASURES (nan for an empty group)."""
+        """The MEASURES and FLIP_MEASURES (nan for an empty group)."""
         return {"informative_units_per_unit": _div(self.informative_units, self.units),
-                "informative_sampled_tokens_per_token": _div(self.informative_sampled_tokens, self.sampled_tokens)}
+                "informative_sampled_tokens_per_token": _div(self.informative_sampled_tokens, self.sampled_tokens),
+                "flip_rate": _div(self.num_flipped, self.num_judged),
+                "predicted_flip_rate": _div(self.predicted_flips, self.num_predicted)}
 
 
 def _div(a: float, b: float) -> float:
@@ -105,12 +135,35 @@ def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, con
     raw = raw_advantages(estimator, trees, advantages, config)
     out = []
     for tree, adv in zip(trees, raw):
+        creator = creator_leaves(tree)
         for leaf, row in zip(adv.leaf_ids, adv.values):
             anchor = tree.nodes[tree.nodes[leaf].anchor_id]
             units, tokens = rollout_price(tree, leaf, continuation_cost)
+            r = flipped = None
+            if anchor.node_id != 0 and anchor.node_id in creator:
+                r = _outcome(tree.nodes[creator[anchor.node_id]].reward)
+                flipped = _outcome(tree.nodes[leaf].reward) != r
             out.append(Rollout(anchor.node_id != 0, anchor.depth, anchor.p_pred, units, tokens,
-                               bool(np.any(np.abs(row) > atol))))
+                               bool(np.any(np.abs(row) > atol)), r, flipped))
     return out
+
+
+def creator_leaves(tree: Tree) -> dict[int, int]:
+    """Node id -> the leaf of the rollout that sampled the node (every node strictly below a leaf's anchor on its
+    path). Rounds run one after another, so a candidate's leaves all agreed with this rollout when stage 2 chose it."""
+    creator: dict[int, int] = {}
+    for node in tree.nodes:
+        if node.is_leaf:
+            i = node.node_id
+            while i is not None and i != node.anchor_id:
+                creator[i] = node.node_id
+                i = tree.nodes[i].parent_id
+    return creator
+
+
+def _outcome(reward: float | None) -> int:
+    """A leaf's binary outcome as stage 2 reads it (`growth.intermediate_nodes`: 1 above 0.5)."""
+    return int(reward is not None and reward > 0.5)
 
 
 def p_bin(p: float | None, edges: Sequence[float] = P_EDGES) -> str:
@@ -138,6 +191,8 @@ def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) ->
         "origin": tally(items, lambda r: "continuation" if r.continuation else "fresh"),
         "depth": tally(items, lambda r: r.anchor_depth if r.continuation else None),
         "p": tally(items, lambda r: p_bin(r.p_anchor, edges) if r.continuation else None),
+        "outcome": tally(items, lambda r: ("failed", "succeeded")[r.anchor_outcome]
+                         if r.continuation and r.anchor_outcome is not None else None),
     }
 
 
@@ -168,14 +223,14 @@ def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, 
     """Per table and group: the seed mean of each measure and the counts summed over seeds; and, per measure, the
     paired difference continuation minus fresh (seeds with both)."""
     tables: dict[str, dict[Hashable, dict[str, Any]]] = {}
-    for table in ("origin", "depth", "p"):
-        keys = _ordered(table, {k for run in runs for k in run[table]})
+    for table in TABLES:
+        keys = _ordered(table, {k for run in runs for k in run.get(table, {})})
         tables[table] = {}
         for k in keys:
-            present = [run[table][k] for run in runs if k in run[table]]
+            present = [run[table][k] for run in runs if k in run.get(table, {})]
             total = Tally(**{f.name: sum(getattr(t, f.name) for t in present) for f in dataclasses.fields(Tally)})
             tables[table][k] = {"counts": total, "num_seeds": len(present),
-                                **{m: seed_mean([t.ratios()[m] for t in present]) for m in MEASURES}}
+                                **{m: seed_mean([t.ratios()[m] for t in present]) for m in MEASURES + FLIP_MEASURES}}
     paired = {}
     for m in MEASURES:
         both = [run["origin"] for run in runs if {"fresh", "continuation"} <= set(run["origin"])]
@@ -184,7 +239,8 @@ def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, 
 
 
 def _ordered(table: str, keys) -> list:
-    """A table's groups in reading order: fresh before continuation; depths and p bins ascending ("none" last)."""
+    """A table's groups in reading order: fresh before continuation; depths, p bins and outcomes ascending ("none"
+    last)."""
     return sorted(keys, key=lambda k: {"fresh": 0, "continuation": 1}[k]) if table == "origin" else sorted(keys)
 
 
@@ -218,7 +274,9 @@ def report(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- markdown
 TITLES = {"origin": "Fresh rollouts and continuations", "depth": "Continuations by anchor depth (turns)",
-          "p": "Continuations by predicted success probability at the anchor"}
+          "p": "Continuations by predicted success probability at the anchor",
+          "outcome": "Continuations by the outcome of the anchor's rollout"}
+MEASURE_HEADER = ["inf. units / unit", "inf. sampled tokens / token", "flipped", "predicted flip"]
 
 
 def _num(x: float, digits: int = 3) -> str:
@@ -235,46 +293,50 @@ def _estimate(e: SeedMean) -> str:
 
 def _counts_cells(t: Tally) -> list[str]:
     return [str(t.num_rollouts), str(t.num_informative), f"{t.units:g}", f"{t.informative_units:g}",
-            str(t.sampled_tokens), str(t.informative_sampled_tokens)]
+            str(t.sampled_tokens), str(t.informative_sampled_tokens), str(t.num_flipped)]
 
 
-COUNT_HEADER = ["rollouts", "informative", "units", "inf. units", "sampled tokens", "inf. sampled tokens"]
+COUNT_HEADER = ["rollouts", "informative", "units", "inf. units", "sampled tokens", "inf. sampled tokens", "flips"]
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def to_markdown(result: dict[str, Any]) -> str:
     """The report as Markdown: the across-seed tables, the paired difference, then each run's counts."""
     runs, pooled = result["runs"], result["pooled"]
+    measures = MEASURES + FLIP_MEASURES
     lines = ["# Stage 2 on its own terms", "",
              f"{len(runs)} run(s): " + ", ".join(f"`{r['name']}` ({r['method']}, {r['num_steps']} steps, "
                                                   f"continuation {r['continuation_cost']:g} units)" for r in runs), "",
-             "A rollout is informative when its advantage before batch whitening is non-zero. Ratios pool a run's "
-             "steps as ratios of sums; across runs, the mean of the per-seed ratios with a 95% t interval over seeds "
-             "(none for one seed). Counts are summed over seeds.", ""]
+             "A rollout is informative when its advantage before batch whitening is non-zero. A continuation "
+             "flipped when its outcome differs from that of the rollout which created its anchor; predicted flip "
+             "is stage 2's own probability of that (p at a failed anchor, 1 - p at a succeeded one). Ratios pool a "
+             "run's steps as ratios of sums; across runs, the mean of the per-seed ratios with a 95% t interval "
+             "over seeds (none for one seed). Counts are summed over seeds.", ""]
     for table, title in TITLES.items():
-        lines += [f"## {title}", "", "| group | seeds | inf. units / unit | inf. sampled tokens / token | "
-                  + " | ".join(COUNT_HEADER) + " |",
-                  "|---" * (4 + len(COUNT_HEADER)) + "|"]
+        lines += [f"## {title}", "", _row(["group", "seeds", *MEASURE_HEADER, *COUNT_HEADER]),
+                  "|---" * (2 + len(MEASURE_HEADER) + len(COUNT_HEADER)) + "|"]
         for k, row in pooled["tables"][table].items():
-            lines.append(f"| {k} | {row['num_seeds']} | {_estimate(row[MEASURES[0]])} | "
-                         f"{_estimate(row[MEASURES[1]])} | " + " | ".join(_counts_cells(row["counts"])) + " |")
+            lines.append(_row([str(k), str(row["num_seeds"]), *(_estimate(row[m]) for m in measures),
+                               *_counts_cells(row["counts"])]))
         if not pooled["tables"][table]:
-            lines.append("| (no rollouts) |" + " |" * (3 + len(COUNT_HEADER)))
+            lines.append("| (no rollouts) |" + " |" * (1 + len(MEASURE_HEADER) + len(COUNT_HEADER)))
         lines.append("")
     lines += ["## Continuation minus fresh, paired by seed", "",
               "| measure | seeds | mean [95% CI] | p (t-test) | per seed |", "|---|---|---|---|---|"]
     for m, e in pooled["paired"].items():
         lines.append(f"| {m} | {len(e.per_seed)} | {_estimate(e)} | {_num(e.p_value)} | "
                      f"{', '.join(_num(v) for v in e.per_seed) or 'n/a'} |")
-    lines += ["", "## Per run", "",
-              "| run | table | group | inf. units / unit | inf. sampled tokens / token | " + " | ".join(COUNT_HEADER)
-              + " |", "|---" * (5 + len(COUNT_HEADER)) + "|"]
+    lines += ["", "## Per run", "", _row(["run", "table", "group", *MEASURE_HEADER, *COUNT_HEADER]),
+              "|---" * (3 + len(MEASURE_HEADER) + len(COUNT_HEADER)) + "|"]
     for run in runs:
         for table in TITLES:
-            for k in _ordered(table, run["summary"][table]):
+            for k in _ordered(table, run["summary"].get(table, {})):
                 t = run["summary"][table][k]
                 r = t.ratios()
-                lines.append(f"| {run['name']} | {table} | {k} | {_num(r[MEASURES[0]])} | {_num(r[MEASURES[1]])} | "
-                             + " | ".join(_counts_cells(t)) + " |")
+                lines.append(_row([run["name"], table, str(k), *(_num(r[m]) for m in measures), *_counts_cells(t)]))
     return "\n".join(lines) + "\n"
 
 
