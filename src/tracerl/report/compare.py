@@ -394,7 +394,11 @@ def write_report(out: Path, labels: list[str], seeds: list[int], baseline: str |
     """Read the complete seeds' runs in `out`, write compare.md, compare.json and the plots; return the Markdown."""
     kept, runs = complete_seeds(out, labels, seeds)
     if not kept:
-        raise ValueError(f"{out} holds no seed with a finished run for every one of {labels}; run tracerl compare")
+        asked = (f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1))
+                 else ",".join(map(str, seeds)))
+        raise ValueError(f"{out} holds no seed with a finished run for every one of {labels} among the seeds asked "
+                         f"for ({asked}); run tracerl compare, or name the seeds that ran (--seeds 7 means seeds "
+                         "0-6; seed 7 alone is --seeds 7-7)")
     if len(kept) < len(seeds):
         say(f"compare: reporting seeds {kept}; the others are missing or unfinished for some method")
     base = baseline if baseline in runs else None
