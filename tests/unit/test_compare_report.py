@@ -94,7 +94,7 @@ def test_unfinished_seeds_are_left_out_and_the_report_says_which(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     with pytest.raises(ValueError, match=r"no seed with a finished run .* asked for \(0\)"):
         write_report(tmp_path, ["grpo", "pcl"], [0], "grpo", "cmd")
-    with pytest.raises(ValueError, match=r"asked for \(2-4\).*seed 7 alone is --seeds 7-7"):  # a count read as a range
+    with pytest.raises(ValueError, match=r"asked for \(2-4\).*seed 7 alone is --seeds 7-7"):  # none of 2-4 ran
         write_report(tmp_path, ["grpo", "trace"], [2, 3, 4], "grpo", "cmd")
 
 
