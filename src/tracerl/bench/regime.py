@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-GROUP_KEYS = ("hops", "answerable", "task", "generator")  # row extra_info fields that name a question's type, when a domain sets them
+# row extra_info fields that name a question's type, when a domain sets them
+GROUP_KEYS = ("hops", "answerable", "task", "generator")
 
 
 def regime_shares(per_prompt: Sequence[float], n: int) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def run(config: Any, split: str = "train", num_prompts: int = 256, n: int = 8, t
                                seed=seed)
     out = regime_by_group(result["eval/per_prompt"], rows, n)
     out.update(split=split, temperature=temperature, seed=seed, policy=str(policy.source),
-               weights_sha256=weights_hash(policy.model), sampled_tokens=int(result["eval/sampled_tokens"]), seconds=time.perf_counter() - started)
+               weights_sha256=weights_hash(policy.model), sampled_tokens=int(result["eval/sampled_tokens"]),
+               seconds=time.perf_counter() - started)
     return out
 
 

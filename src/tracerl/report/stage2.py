@@ -24,11 +24,12 @@ created the anchor; `growth.intermediate_nodes`), and stage 2 buys continuations
 the other outcome with probability p (r = 0) or 1 - p (r = 1) (`allocation.prefix_value`). Per continuation the
 report sets that predicted flip probability beside whether it flipped (its reward on the other side of 0.5 from
 the anchor's rollout): where the predicted column sits well above the realized one, the predictor promised
-contrast the policy did not deliver, and the budget went where the objective was miscalibrated. Steps pool within a run as ratios of sums, with the counts
-behind each ratio; across runs (seeds) the report gives the mean of the per-seed ratios with a Student-t 95%
-interval over seeds (`tracerl.core.stats.t_half_width`), and the paired difference continuation minus fresh per
-seed with its interval and t-test p-value. One seed gives no interval: the spread between training runs is the
-noise a conclusion must clear.
+contrast the policy did not deliver, and the budget went where the objective was miscalibrated.
+
+Steps pool within a run as ratios of sums, with the counts behind each ratio; across runs (seeds) the report gives
+the mean of the per-seed ratios with a Student-t 95% interval over seeds (`tracerl.core.stats.t_half_width`), and
+the paired difference continuation minus fresh per seed with its interval and t-test p-value. One seed gives no
+interval: the spread between training runs is the noise a conclusion must clear.
 
 Reading it: with a group baseline, whether a rollout is informative is mostly a property of its tree (a mixed tree
 makes nearly all its rollouts informative), so fresh rollouts and continuations of the same trees read alike per
@@ -140,7 +141,7 @@ def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, con
             anchor = tree.nodes[tree.nodes[leaf].anchor_id]
             units, tokens = rollout_price(tree, leaf, continuation_cost)
             r = flipped = None
-            if anchor.node_id != 0 and anchor.node_id in creator:
+            if anchor.node_id != 0:
                 r = _outcome(tree.nodes[creator[anchor.node_id]].reward)
                 flipped = _outcome(tree.nodes[leaf].reward) != r
             out.append(Rollout(anchor.node_id != 0, anchor.depth, anchor.p_pred, units, tokens,
@@ -224,10 +225,10 @@ def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, 
     paired difference continuation minus fresh (seeds with both)."""
     tables: dict[str, dict[Hashable, dict[str, Any]]] = {}
     for table in TABLES:
-        keys = _ordered(table, {k for run in runs for k in run.get(table, {})})
+        keys = _ordered(table, {k for run in runs for k in run[table]})
         tables[table] = {}
         for k in keys:
-            present = [run[table][k] for run in runs if k in run.get(table, {})]
+            present = [run[table][k] for run in runs if k in run[table]]
             total = Tally(**{f.name: sum(getattr(t, f.name) for t in present) for f in dataclasses.fields(Tally)})
             tables[table][k] = {"counts": total, "num_seeds": len(present),
                                 **{m: seed_mean([t.ratios()[m] for t in present]) for m in MEASURES + FLIP_MEASURES}}
@@ -333,7 +334,7 @@ def to_markdown(result: dict[str, Any]) -> str:
               "|---" * (3 + len(MEASURE_HEADER) + len(COUNT_HEADER)) + "|"]
     for run in runs:
         for table in TITLES:
-            for k in _ordered(table, run["summary"].get(table, {})):
+            for k in _ordered(table, run["summary"][table]):
                 t = run["summary"][table][k]
                 r = t.ratios()
                 lines.append(_row([run["name"], table, str(k), *(_num(r[m]) for m in measures), *_counts_cells(t)]))
