@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 
 def _bench_alloc(args: argparse.Namespace) -> int:
@@ -95,6 +96,37 @@ def _bench_stage2(args: argparse.Namespace) -> int:
     from tracerl.report.stage2 import write_report
 
     print(write_report(args.run_dirs, out=args.out), end="")
+    return 0
+
+
+def _bench_alignment(args: argparse.Namespace) -> int:
+    try:
+        from tracerl.bench import alignment
+    except ImportError as err:
+        raise SystemExit(f"tracerl bench alignment needs torch and transformers: pip install -e '.[torch]' ({err})")
+
+    cfg = alignment.AlignmentConfig(**{k: v for k, v in (("draws", args.draws),
+                                                         ("reference_prompts", args.reference_prompts),
+                                                         ("reference_samples", args.reference_samples))
+                                       if v is not None})
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    out = Path(args.out) if args.out else None
+    results = []
+    for run_dir in args.run_dirs:
+        saved = out / f"{Path(run_dir).resolve().name}.json" if out else None
+        if saved is not None and saved.is_file():  # a long sweep resumes: each checkpoint's result is kept
+            results.append(json.loads(saved.read_text()))
+            _say(f"{run_dir}: kept {saved}")
+            continue
+        result = alignment.run(run_dir, methods, cfg, overrides=list(args.set or []), say=_say)
+        if saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(_finite(result), indent=1))
+        results.append(result)
+    text = alignment.to_markdown(results, baseline=args.baseline)
+    if out is not None:
+        (out / "alignment.md").write_text(text)
+    print(json.dumps(_finite(alignment.summarize(results, args.baseline))) if args.json else text, end="")
     return 0
 
 
@@ -359,6 +391,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "run.save_trees=true")
     p.add_argument("--out", help="also write the Markdown report to this file")
     p.set_defaults(func=_bench_stage2)
+
+    p = bench.add_parser("alignment", help="from a run's checkpoint, each method's next steps against a large held-out "
+                                           "policy gradient: does the step point up the held-out success?")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories with a checkpoint (one "
+                                                                  "per seed: the summary pairs methods by checkpoint)")
+    p.add_argument("--methods", default="grpo,pcl,trace", help="comma-separated method presets (default grpo,pcl,trace)")
+    p.add_argument("--baseline", default="grpo", help="the method the others are paired against")
+    p.add_argument("--draws", type=int, help="steps each method draws from the checkpoint (default 8)")
+    p.add_argument("--reference-prompts", type=int, help="held-out questions of the reference gradient (default 256)")
+    p.add_argument("--reference-samples", type=int, help="rollouts per reference question (default 8)")
+    p.add_argument("--out", help="folder for one JSON per checkpoint (kept and reused on a rerun) and alignment.md")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the runs' config for the draws, e.g. --set run.num_threads=1")
+    p.set_defaults(func=_bench_alignment)
 
     p = sub.add_parser("train", help="train a policy with a method preset (default: trace on the embedded policy)")
     _add_run_options(p)

@@ -50,6 +50,7 @@ COVERED = {"bench alloc": "test_bench_alloc_and_predictors", "bench predictors":
            "bench engine": "test_bench_engine_and_pack", "bench pack": "test_bench_engine_and_pack",
            "bench view": "test_bench_view_runs_or_says_what_to_install", "train": "test_train_resume_eval_view_report",
            "bench stage2": "test_train_resume_eval_view_report",
+           "bench alignment": "test_train_resume_eval_view_report",
            "eval": "test_train_resume_eval_view_report", "view": "test_train_resume_eval_view_report",
            "report": "test_train_resume_eval_view_report", "compare": "test_compare",
            "warmstart": "test_regime_and_warmstart", "regime": "test_regime_and_warmstart",
@@ -118,7 +119,7 @@ def test_train_prints_the_summary_and_writes_the_run(trained):
     assert "No reward failures" in (out / "report.md").read_text()
 
 
-def test_train_resume_eval_view_report(trained, capsys):
+def test_train_resume_eval_view_report(trained, capsys, tmp_path):
     out, sets = trained
     same = ["--config", ROOT / "configs" / "grpo.toml", "--set", "optim.lr=3e-4", *sets]  # the run's own options
     # README: tracerl train --out runs/mine --resume
@@ -137,6 +138,13 @@ def test_train_resume_eval_view_report(trained, capsys):
     # README: tracerl bench stage2 RUN_DIR ... (a grpo run: fresh rollouts only)
     status, text, _ = run(capsys, "bench", "stage2", out)
     assert status == 0 and "| fresh | 1 |" in text, text
+    # README: tracerl bench alignment RUN_DIR ... (its JSON is kept and reused by a rerun with the same --out)
+    small = ["--methods", "grpo", "--draws", "2", "--reference-prompts", "6", "--reference-samples", "4",
+             "--out", tmp_path / "alignment"]
+    status, text, err = run(capsys, "bench", "alignment", out, *small)
+    assert status == 0 and "| grpo | 2 x 1 |" in text and (tmp_path / "alignment" / "alignment.md").is_file(), err
+    status, again, err = run(capsys, "bench", "alignment", out, *small)
+    assert status == 0 and again == text and "kept" in err
 
 
 def test_regime_and_warmstart(tiny_overrides, tmp_path, capsys):

@@ -154,12 +154,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
-        # 1. the step's sampling (tracerl.core.step): pool, predictor, stage 1, rollouts, stage 2, predictor
-        # scored then updated, advantages, measures
-        runner = self.start_runner()
-        pool = runner.set_rows([self.train_rows[i] for i in self.sampler.next_pool()],
-                               seed=step_seed(cfg.run.seed, self.step, 0))
-        step = self.sampler.step(pool, runner)
+        step, runner, pool = self.sample_step()  # 1. the sampling: pool, stages 1 and 2, predictor, advantages
         trees, grown, ledger = step.trees, step.growth, step.ledger
         if cfg.run.save_trees:
             write_trees(self.out, self.step + 1, {
@@ -192,6 +187,14 @@ class Trainer:
         })
         return self.log.write("train", self.step, metrics)
 
+    def sample_step(self):
+        """The step's sampling (tracerl.core.step): the next pool, predictor, stage 1, rollouts, stage 2, predictor
+        scored then updated, advantages, measures. Returns (the StepResult, the runner, the pool's histories)."""
+        runner = self.start_runner()
+        pool = runner.set_rows([self.train_rows[i] for i in self.sampler.next_pool()],
+                               seed=step_seed(self.config.run.seed, self.step, 0))
+        return self.sampler.step(pool, runner), runner, pool
+
     def update_policy(self, trees: list[Tree], advantages: list[TreeAdvantages]) -> dict[str, float]:
         """AdamW on the clipped surrogate over all of the step's rollouts, `num_epochs` passes.
 
@@ -199,38 +202,53 @@ class Trainer:
         seq-mean-token-mean), so micro-batching does not change the gradient. Trees whose advantages are all zero
         add nothing to the gradient when there is no KL term; they are counted in the normaliser and skipped."""
         cfg = self.config.optim
+        sums: dict[str, float] = {}
+        weight = 0.0  # sum of the shares the metrics were averaged with
+        self.model.train()
+        for _ in range(cfg.num_epochs):
+            parts, share, total, num_trained = self.accumulate_gradient(trees, advantages)
+            weight += share
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + value
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
+                                                       cfg.grad_clip or float("inf"))
+            self.optimizer.step()
+        self.model.eval()
+        sums = {key: value / weight for key, value in sums.items()} if weight else {}
+        sums.update({"train/grad_norm": float(grad_norm),
+                     "train/num_policy_tokens": float(total if cfg.agg == "token-mean" else 0),
+                     "train/num_trained_trees": float(num_trained), "train/lr": cfg.lr})
+        return sums
+
+    def accumulate_gradient(self, trees: list[Tree], advantages: list[TreeAdvantages]
+                            ) -> tuple[dict[str, float], float, float, int]:
+        """Zero the gradients, then backpropagate the step's loss over `trees` into them (one epoch's gradient, before
+        clipping). Returns (the loss parts summed with their shares, the sum of the shares, the loss normaliser, the
+        number of trees that carried a term). The model's train/eval mode is the caller's."""
+        cfg = self.config.optim
         token_mean = cfg.agg == "token-mean"
         total = sum(rollout_policy_tokens(t) for t in trees) if token_mean else sum(len(t.leaves()) for t in trees)
         with_kl = cfg.kl_coef > 0
         work = [(t, a) for t, a in zip(trees, advantages)
                 if with_kl or any(np.any(np.asarray(v) != 0) for v in a.values)]
         sums: dict[str, float] = {}
-        weight = 0.0  # sum of the shares the metrics were averaged with
-        self.model.train()
-        for _ in range(cfg.num_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for chunk in _chunks(work, cfg.micro_batch_rollouts):
-                make = packed_batch if cfg.packed else rollout_batch
-                batch = make([t for t, _ in chunk], [a for _, a in chunk], pad_id=self.policy.pad_id)
-                share = (batch.num_policy_tokens if token_mean else sum(len(a.leaf_ids) for _, a in chunk)) / total
-                batch = batch.to(self.device)
-                ref = self.reference_logprobs(batch) if with_kl else None
-                loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
-                                                ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
-                                                clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
-                (loss * share).backward()
-                weight += share
-                for key, value in parts.items():
-                    if key != "train/num_policy_tokens":
-                        sums[key] = sums.get(key, 0.0) + value * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
-                                                       cfg.grad_clip or float("inf"))
-            self.optimizer.step()
-        self.model.eval()
-        sums = {key: value / weight for key, value in sums.items()} if weight else {}
-        sums.update({"train/grad_norm": float(grad_norm), "train/num_policy_tokens": float(total if token_mean else 0),
-                     "train/num_trained_trees": float(len(work)), "train/lr": cfg.lr})
-        return sums
+        weight = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for chunk in _chunks(work, cfg.micro_batch_rollouts):
+            make = packed_batch if cfg.packed else rollout_batch
+            batch = make([t for t, _ in chunk], [a for _, a in chunk], pad_id=self.policy.pad_id)
+            share = (batch.num_policy_tokens if token_mean else sum(len(a.leaf_ids) for _, a in chunk)) / total
+            batch = batch.to(self.device)
+            ref = self.reference_logprobs(batch) if with_kl else None
+            loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
+                                            ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
+                                            clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
+            (loss * share).backward()
+            weight += share
+            for key, value in parts.items():
+                if key != "train/num_policy_tokens":
+                    sums[key] = sums.get(key, 0.0) + value * share
+        return sums, weight, total, len(work)
 
     def reference_logprobs(self, batch) -> torch.Tensor:
         """(B, T) token logprobs of the initial policy for the KL term: the frozen copy, or with LoRA the same model
