@@ -189,7 +189,8 @@ def run(run_dir: str | Path, methods: Sequence[str], cfg: AlignmentConfig = Alig
     return result
 
 
-MEASURES = (("cos_gradient", "cos(-g, a)"), ("cos_update", "cos(u, a)"), ("along", "<u, a>/|a|"))
+MEASURES = (("cos_gradient", "cos(-g, a)"), ("cos_update", "cos(u, a)"), ("along", "<u, a>/|a|"),
+            ("along_per_ktoken", "<u, a>/|a| per 1k sampled tokens"))
 
 
 def summarize(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict[str, Any]:
@@ -199,6 +200,8 @@ def summarize(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict
     per_seed = {m: {key: [float(np.mean([d[key] for d in r["methods"][m]["draws"]])) for r in results]
                     for key in ("cos_gradient", "cos_update", "along", "update_norm", "sampled_tokens",
                                 "informative_rollouts", "rollouts")} for m in methods}
+    for m in methods:  # the gain along a per sampled token: a checkpoint's mean gain over its mean tokens per draw
+        per_seed[m]["along_per_ktoken"] = [1e3 * a / t for a, t in zip(per_seed[m]["along"], per_seed[m]["sampled_tokens"])]
     out: dict[str, Any] = {"num_checkpoints": len(results), "methods": {}, "differences": {},
                            "reference_halves_cos": [r["reference_halves_cos"] for r in results]}
     for m in methods:
@@ -234,22 +237,27 @@ def to_markdown(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> st
              + ", ".join(f"{c:.3f}" for c in s["reference_halves_cos"]) + ".",
              "",
              "| method | draws | sampled tokens / draw | informative rollouts / draw | cos(-g, a) | cos(u, a) | "
-             "<u, a>/\\|a\\| (x1e-3) | \\|u\\| (x1e-3) | cos between draws' gradients |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "<u, a>/\\|a\\| (x1e-3) | per 1k sampled tokens (x1e-3) | \\|u\\| (x1e-3) | "
+             "cos between draws' gradients |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m, row in s["methods"].items():
         draws = first["methods"][m]["draws"]
         lines.append(f"| {m} | {len(draws)} x {n} | {row['sampled_tokens'][0]:,.0f} | "
                      f"{row['informative_rollouts'][0]:.1f} of {row['rollouts'][0]:.1f} | {fmt(row['cos_gradient'])} | "
                      f"{fmt(row['cos_update'])} | {fmt(tuple(1e3 * v for v in row['along']), 2)} | "
+                     f"{fmt(tuple(1e3 * v for v in row['along_per_ktoken']))} | "
                      f"{1e3 * row['update_norm'][0]:.2f} | {fmt(row['gradient_pairwise_cos'])} |")
     if s["differences"]:
-        lines += ["", f"| method minus {baseline}, paired by {unit} | cos(-g, a) | cos(u, a) | <u, a>/\\|a\\| (x1e-3) |",
-                  "|---|---|---|---|"]
+        lines += ["", f"| method minus {baseline}, paired by {unit} | cos(-g, a) | cos(u, a) | <u, a>/\\|a\\| (x1e-3) | "
+                      "per 1k sampled tokens (x1e-3) |",
+                  "|---|---|---|---|---|"]
         for m, d in s["differences"].items():
             lines.append(f"| {m} | {fmt(d['cos_gradient'])} | {fmt(d['cos_update'])} | "
-                         f"{fmt(tuple(1e3 * v for v in d['along']), 2)} |")
+                         f"{fmt(tuple(1e3 * v for v in d['along']), 2)} | "
+                         f"{fmt(tuple(1e3 * v for v in d['along_per_ktoken']))} |")
     lines += ["", "a: minus the gradient of the trainer's loss on the reference batch (the direction that raises held-out "
               "success, to first order); g: a draw's loss gradient; u: the update the optimizer, in the checkpoint's "
-              "state, makes of it. Means over draws, then over checkpoints; intervals are 95% Student t over "
+              "state, makes of it; per 1k sampled tokens: a checkpoint's mean <u, a>/|a| over its mean sampled tokens per "
+              "draw. Means over draws, then over checkpoints; intervals are 95% Student t over "
               + ("checkpoints." if n > 1 else "nothing (one checkpoint: no interval).")]
     return "\n".join(lines) + "\n"
