@@ -109,13 +109,19 @@ def _bench_alignment(args: argparse.Namespace) -> int:
                                                          ("reference_prompts", args.reference_prompts),
                                                          ("reference_samples", args.reference_samples))
                                        if v is not None})
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    from tracerl.train.compare import parse_entries
+
+    methods = parse_entries(args.methods)
     out = Path(args.out) if args.out else None
     results = []
     for run_dir in args.run_dirs:
         saved = out / f"{Path(run_dir).resolve().name}.json" if out else None
         if saved is not None and saved.is_file():  # a long sweep resumes: each checkpoint's result is kept
-            results.append(json.loads(saved.read_text()))
+            kept = json.loads(saved.read_text())
+            if list(kept["methods"]) != [label for label, _, _ in methods]:
+                raise SystemExit(f"{saved} measured {', '.join(kept['methods'])}, not {args.methods}: give another "
+                                 "--out, or remove it to measure again")
+            results.append(kept)
             _say(f"{run_dir}: kept {saved}")
             continue
         result = alignment.run(run_dir, methods, cfg, overrides=list(args.set or []), say=_say)
@@ -396,7 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "policy gradient: does the step point up the held-out success?")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories with a checkpoint (one "
                                                                   "per seed: the summary pairs methods by checkpoint)")
-    p.add_argument("--methods", default="grpo,pcl,trace", help="comma-separated method presets (default grpo,pcl,trace)")
+    p.add_argument("--methods", default="grpo,pcl,trace",
+                   help="comma-separated method presets (default grpo,pcl,trace); a variant takes overrides in brackets, "
+                        "as for compare: grpo[allocation.num_prompts=32;allocation.rollouts_per_prompt=4]")
     p.add_argument("--baseline", default="grpo", help="the method the others are paired against")
     p.add_argument("--draws", type=int, help="steps each method draws from the checkpoint (default 8)")
     p.add_argument("--reference-prompts", type=int, help="held-out questions of the reference gradient (default 256)")

@@ -21,7 +21,7 @@ def test_a_draw_is_the_step_the_run_takes_next(tiny_overrides, tmp_path):
     run_training(load_config(None, _sets(tiny_overrides, run_dir, 2)))
     checkpoint_files = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     cfg = AlignmentConfig(draws=2, reference_prompts=6, reference_samples=2)
-    result = run(run_dir, ["grpo", "trace"], cfg, say=lambda message: None)
+    result = run(run_dir, ["grpo", "trace", ("still", "grpo", ["optim.lr=1e-12"])], cfg, say=lambda message: None)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoint_files, "the run was written to"
     assert result["step"] == 2 and -1 <= result["reference_halves_cos"] <= 1
 
@@ -38,8 +38,10 @@ def test_a_draw_is_the_step_the_run_takes_next(tiny_overrides, tmp_path):
     assert draw["sampled_tokens"] == step3["rollout/tokens"]
     assert draw["rollouts"] == step3["rollout/num_rollouts"]
 
+    moved = min(row["update_norm"] for row in result["methods"]["grpo"]["draws"])
+    assert all(row["update_norm"] < 1e-6 * moved for row in result["methods"]["still"]["draws"]), "its own overrides"
     summary = summarize([result])
-    assert set(summary["methods"]) == {"grpo", "trace"} and set(summary["differences"]) == {"trace"}
+    assert set(summary["methods"]) == {"grpo", "trace", "still"} and set(summary["differences"]) == {"trace", "still"}
     for method in ("grpo", "trace"):
         for row in result["methods"][method]["draws"]:
             assert -1 <= row["cos_gradient"] <= 1 and -1 <= row["cos_update"] <= 1

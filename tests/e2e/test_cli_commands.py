@@ -145,6 +145,8 @@ def test_train_resume_eval_view_report(trained, capsys, tmp_path):
     assert status == 0 and "| grpo | 2 x 1 |" in text and (tmp_path / "alignment" / "alignment.md").is_file(), err
     status, again, err = run(capsys, "bench", "alignment", out, *small)
     assert status == 0 and again == text and "kept" in err
+    status, _, _ = run(capsys, "bench", "alignment", out, *small, "--methods", "grpo,grpo[optim.lr=1e-9]")
+    assert "measured grpo, not grpo,grpo[optim.lr=1e-9]" in str(status)
 
 
 def test_regime_and_warmstart(tiny_overrides, tmp_path, capsys):

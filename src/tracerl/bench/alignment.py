@@ -60,8 +60,8 @@ def _trainer(run_config: dict[str, Any], method: str, out: Path, overrides: Sequ
     from tracerl.train.config import load_config
     from tracerl.train.trainer import Trainer
 
-    sets = [*overrides, f"method={method}", f"run.out_dir={out / method}", "run.tensorboard=false",
-            "run.save_trees=false", "run.progress=false"]
+    sets = [f"method={method}", *overrides, f"run.out_dir={out}", "run.tensorboard=false", "run.save_trees=false",
+            "run.progress=false"]
     return Trainer(load_config(base=copy.deepcopy(run_config), overrides=sets))
 
 
@@ -113,11 +113,14 @@ def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor
     optimizer0 = copy.deepcopy(trainer.optimizer.state_dict())
     start = _flat(params, params)
     unit = a / a.norm()
+    opt = trainer.config.optim
     rows = []
     for d in range(cfg.draws):
         with torch.no_grad():
             trainer.model.load_state_dict(weights0)
         trainer.optimizer.load_state_dict(copy.deepcopy(optimizer0))
+        for group in trainer.optimizer.param_groups:  # the moments are the run's; the settings this entry's own
+            group.update(lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
         trainer.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
         for _ in range(d):
             trainer.sampler.next_pool()
@@ -126,7 +129,6 @@ def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor
         trainer.model.train()
         trainer.accumulate_gradient(step.trees, step.advantages)
         g = _flat([p.grad for p in params], params)
-        opt = trainer.config.optim
         torch.nn.utils.clip_grad_norm_(params, opt.grad_clip or float("inf"))
         trainer.optimizer.step()
         trainer.model.eval()
@@ -150,9 +152,14 @@ def _interval(values: Sequence[float]) -> tuple[float, float, float]:
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
-def run(run_dir: str | Path, methods: Sequence[str], cfg: AlignmentConfig = AlignmentConfig(),
-        overrides: Sequence[str] = (), say: Say = print) -> dict[str, Any]:
-    """Measure every method's draws from `run_dir`'s latest checkpoint against one reference (module docstring)."""
+def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[str]]],
+        cfg: AlignmentConfig = AlignmentConfig(), overrides: Sequence[str] = (), say: Say = print) -> dict[str, Any]:
+    """Measure every method's draws from `run_dir`'s latest checkpoint against one reference (module docstring).
+
+    `methods`: preset names, or (label, preset, overrides) entries as `tracerl.train.compare.parse_entries` gives
+    them (a variant such as grpo[allocation.num_prompts=32;allocation.rollouts_per_prompt=4]); `overrides` apply to
+    every entry (before its own)."""
+    entries = [(m, m, []) if isinstance(m, str) else (m[0], m[1], list(m[2])) for m in methods]
     from tracerl.engines import torch_threads
     from tracerl.train import checkpoint
     from tracerl.train.checkpoint import read_json
@@ -164,7 +171,7 @@ def run(run_dir: str | Path, methods: Sequence[str], cfg: AlignmentConfig = Alig
         raise ValueError(f"{run_dir} has no {checkpoint.CONFIG_FILE}: point at a training run's directory")
     run_config = read_json(config_path)
     with tempfile.TemporaryDirectory(prefix="tracerl-alignment-") as tmp:
-        loader = _trainer(run_config, run_config.get("method", "trace"), Path(tmp), overrides)
+        loader = _trainer(run_config, run_config.get("method", "trace"), Path(tmp) / "loader", overrides)
         with torch_threads(loader.config.run.num_threads):
             state = checkpoint.load(run_dir, loader.model, loader.optimizer, None)  # the predictor is the sampler's
             if state is None:
@@ -174,17 +181,17 @@ def run(run_dir: str | Path, methods: Sequence[str], cfg: AlignmentConfig = Alig
             result: dict[str, Any] = {"run_dir": str(run_dir), "step": int(state["step"]),
                                       "weights": weights_hash(loader.model), "reference_halves_cos": halves,
                                       **facts, "config": cfg.__dict__, "methods": {}}
-            for method in methods:
-                trainer = _trainer(run_config, method, Path(tmp), overrides)
+            for i, (label, method, own) in enumerate(entries):
+                trainer = _trainer(run_config, method, Path(tmp) / f"entry{i}", [*overrides, *own])
                 trainer.model.load_state_dict(loader.model.state_dict())
                 trainer.optimizer.load_state_dict(loader.optimizer.state_dict())
-                say(f"{method}: {cfg.draws} draws")
+                say(f"{label}: {cfg.draws} draws")
                 rows = _draws(trainer, state, cfg, a)  # each loads the run's sampler state, predictor included
                 trainer.close()
                 gradients = [r.pop("g") for r in rows]
                 pairwise = [_cos(gradients[i], gradients[j])
                             for i in range(len(gradients)) for j in range(i + 1, len(gradients))]
-                result["methods"][method] = {"draws": rows, "gradient_pairwise_cos": float(np.mean(pairwise))}
+                result["methods"][label] = {"draws": rows, "gradient_pairwise_cos": float(np.mean(pairwise))}
             loader.close()
     return result
 
