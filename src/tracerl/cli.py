@@ -104,13 +104,12 @@ def _bench_alignment(args: argparse.Namespace) -> int:
         from tracerl.bench import alignment
     except ImportError as err:
         raise SystemExit(f"tracerl bench alignment needs torch and transformers: pip install -e '.[torch]' ({err})")
+    from tracerl.train.compare import parse_entries
 
     cfg = alignment.AlignmentConfig(**{k: v for k, v in (("draws", args.draws),
                                                          ("reference_prompts", args.reference_prompts),
                                                          ("reference_samples", args.reference_samples))
                                        if v is not None})
-    from tracerl.train.compare import parse_entries
-
     methods = parse_entries(args.methods)
     out = Path(args.out) if args.out else None
     results = []

@@ -147,6 +147,8 @@ def test_train_resume_eval_view_report(trained, capsys, tmp_path):
     assert status == 0 and again == text and "kept" in err
     status, _, _ = run(capsys, "bench", "alignment", out, *small, "--methods", "grpo,grpo[optim.lr=1e-9]")
     assert "measured grpo, not grpo,grpo[optim.lr=1e-9]" in str(status)
+    status, _, err = run(capsys, "bench", "alignment", out, *small, "--methods", "grpo,trace", "--out", tmp_path / "b")
+    assert status not in (0, None) and "trace steer by a predictor" in str(status) + err, (status, err)
 
 
 def test_regime_and_warmstart(tiny_overrides, tmp_path, capsys):

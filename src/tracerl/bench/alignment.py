@@ -18,9 +18,9 @@ other but are not the cosine with the true gradient (docs/design.md, section 3, 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,7 +33,7 @@ from tracerl.core.stats import t_half_width
 Say = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AlignmentConfig:
     draws: int = 8  # steps each method draws from the checkpoint's state
     reference_prompts: int = 256  # held-out questions of the reference gradient (two halves of disjoint questions)
@@ -159,12 +159,13 @@ def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[st
     `methods`: preset names, or (label, preset, overrides) entries as `tracerl.train.compare.parse_entries` gives
     them (a variant such as grpo[allocation.num_prompts=32;allocation.rollouts_per_prompt=4]); `overrides` apply to
     every entry (before its own)."""
-    entries = [(m, m, []) if isinstance(m, str) else (m[0], m[1], list(m[2])) for m in methods]
+    from tracerl.core.methods import get_method
     from tracerl.engines import torch_threads
+    from tracerl.policy.embedded import weights_hash
     from tracerl.train import checkpoint
     from tracerl.train.checkpoint import read_json
-    from tracerl.policy.embedded import weights_hash
 
+    entries = [(m, m, []) if isinstance(m, str) else (m[0], m[1], list(m[2])) for m in methods]
     run_dir = Path(run_dir)
     config_path = run_dir / checkpoint.CONFIG_FILE
     if not config_path.is_file():
@@ -176,18 +177,25 @@ def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[st
             state = checkpoint.load(run_dir, loader.model, loader.optimizer, None)  # the predictor is the sampler's
             if state is None:
                 raise ValueError(f"{run_dir} has no checkpoint yet; train at least one step first")
+            steered = [label for label, method, _ in entries if get_method(method).predictor != "none"]
+            if steered and state["sampler"].get("predictor") is None:
+                raise ValueError(f"{', '.join(steered)} steer by a predictor, and {run_dir} was trained without one "
+                                 f"(method {run_config.get('method')}); measure them from the checkpoint of a run "
+                                 "that has one (pcl, trace)")
             say(f"checkpoint of {run_dir} at step {state['step']}, weights {weights_hash(loader.model)[:12]}")
             a, halves, facts = _reference(loader, cfg, say)
             result: dict[str, Any] = {"run_dir": str(run_dir), "step": int(state["step"]),
                                       "weights": weights_hash(loader.model), "reference_halves_cos": halves,
-                                      **facts, "config": cfg.__dict__, "methods": {}}
+                                      **facts, "config": dataclasses.asdict(cfg), "methods": {}}
             for i, (label, method, own) in enumerate(entries):
                 trainer = _trainer(run_config, method, Path(tmp) / f"entry{i}", [*overrides, *own])
                 trainer.model.load_state_dict(loader.model.state_dict())
                 trainer.optimizer.load_state_dict(loader.optimizer.state_dict())
                 say(f"{label}: {cfg.draws} draws")
-                rows = _draws(trainer, state, cfg, a)  # each loads the run's sampler state, predictor included
-                trainer.close()
+                try:
+                    rows = _draws(trainer, state, cfg, a)  # each loads the run's sampler state, predictor included
+                finally:
+                    trainer.close()
                 gradients = [r.pop("g") for r in rows]
                 pairwise = [_cos(gradients[i], gradients[j])
                             for i in range(len(gradients)) for j in range(i + 1, len(gradients))]
