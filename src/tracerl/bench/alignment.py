@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
-from tracerl.core.stats import t_half_width
+from tracerl.core.stats import seed_mean
 
 Say = Callable[[str], None]
 
@@ -46,9 +46,12 @@ class AlignmentConfig:
                              f"(an interval over draws, two halves, a group per question); got {self}")
 
 
-def _flat(tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(t if t is not None else torch.zeros_like(p)).detach().reshape(-1).double()
-                      for t, p in zip(tensors, like)])
+def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(params).detach().double()
+
+
+def _flat_grad(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -89,7 +92,7 @@ def _reference(trainer, cfg: AlignmentConfig, say: Say) -> tuple[torch.Tensor, f
     trainer.model.train()
     for part in (slice(0, half), slice(half, len(trees))):
         _, _, total, _ = trainer.accumulate_gradient(trees[part], advantages[part])
-        parts.append(-_flat([p.grad for p in params], params))
+        parts.append(-_flat_grad(params))
         totals.append(float(total))
     trainer.model.eval()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -111,7 +114,7 @@ def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor
     params = list(trainable_parameters(trainer.model))
     weights0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     optimizer0 = copy.deepcopy(trainer.optimizer.state_dict())
-    start = _flat(params, params)
+    start = _flat(params)
     unit = a / a.norm()
     opt = trainer.config.optim
     rows = []
@@ -128,28 +131,23 @@ def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor
         step, _, _ = trainer.sample_step()
         trainer.model.train()
         trainer.accumulate_gradient(step.trees, step.advantages)
-        g = _flat([p.grad for p in params], params)
+        g = _flat_grad(params)
         torch.nn.utils.clip_grad_norm_(params, opt.grad_clip or float("inf"))
         trainer.optimizer.step()
         trainer.model.eval()
-        u = _flat(params, params) - start
+        u = _flat(params) - start
         rows.append({"cos_gradient": _cos(-g, a), "cos_update": _cos(u, a), "along": float(u @ unit),
                      "update_norm": float(u.norm()), "sampled_tokens": float(step.ledger.tokens_spent),
                      "units": float(step.ledger.units_spent),
                      "informative_rollouts": float(step.counts["num_informative_rollouts"]),
                      "rollouts": float(step.counts["num_leaves"]), "g": g})
-    with torch.no_grad():
-        trainer.model.load_state_dict(weights0)
-    trainer.optimizer.load_state_dict(optimizer0)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return rows
+    return rows  # the trainer is left after its last draw: the caller closes it
 
 
 def _interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95% Student t interval (no interval from one value)."""
-    x = np.asarray(values, dtype=float)
-    half = t_half_width(x) if len(x) > 1 else math.nan
-    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+    """Mean and 95% Student t interval over checkpoints (nan bounds from one)."""
+    s = seed_mean(values)
+    return s.mean, s.lo, s.hi
 
 
 def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[str]]],

@@ -300,3 +300,26 @@ def paired_difference(method: Sequence[np.ndarray], baseline: Sequence[np.ndarra
     mean = float(per_seed.mean())
     return PairedDifference(mean, mean - half, mean + half, se, len(diffs), num_q, over,
                             tuple(float(v) for v in per_seed))
+
+
+@dataclass(frozen=True)
+class SeedMean:
+    """The mean over seeds of a per-seed value, with a 95% t interval (nan bounds below 2 seeds)."""
+
+    mean: float
+    lo: float
+    hi: float
+    per_seed: tuple[float, ...]
+    p_value: float = float("nan")  # paired t-test of mean 0 (differences only)
+
+
+def seed_mean(values: Sequence[float], test: bool = False) -> SeedMean:
+    """Mean of the finite per-seed `values` and its Student-t 95% interval over seeds; with `test`, the two-sided
+    p-value that the mean is 0."""
+    v = np.array([x for x in values if math.isfinite(x)], dtype=float)
+    if not len(v):
+        return SeedMean(float("nan"), float("nan"), float("nan"), ())
+    half = t_half_width(v)
+    mean = float(v.mean())
+    return SeedMean(mean, mean - half, mean + half, tuple(float(x) for x in v),
+                    paired_t_pvalue(v) if test else float("nan"))

@@ -27,7 +27,7 @@ the anchor's rollout): where the predicted column sits well above the realized o
 contrast the policy did not deliver, and the budget went where the objective was miscalibrated.
 
 Steps pool within a run as ratios of sums, with the counts behind each ratio; across runs (seeds) the report gives
-the mean of the per-seed ratios with a Student-t 95% interval over seeds (`tracerl.core.stats.t_half_width`), and
+the mean of the per-seed ratios with a Student-t 95% interval over seeds (`tracerl.core.stats.seed_mean`), and
 the paired difference continuation minus fresh per seed with its interval and t-test p-value. One seed gives no
 interval: the spread between training runs is the noise a conclusion must clear.
 
@@ -53,7 +53,7 @@ from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.metrics import raw_advantages, rollout_price
-from tracerl.core.stats import paired_t_pvalue, t_half_width
+from tracerl.core.stats import SeedMean, seed_mean
 from tracerl.core.tree import Tree
 from tracerl.io.config import from_dict, load_file
 from tracerl.io.runlog import TREES_DIR, read_trees
@@ -195,29 +195,6 @@ def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) ->
         "outcome": tally(items, lambda r: ("failed", "succeeded")[r.anchor_outcome]
                          if r.continuation and r.anchor_outcome is not None else None),
     }
-
-
-@dataclass(frozen=True)
-class SeedMean:
-    """The mean over seeds of a per-seed value, with a 95% t interval (nan bounds below 2 seeds)."""
-
-    mean: float
-    lo: float
-    hi: float
-    per_seed: tuple[float, ...]
-    p_value: float = float("nan")  # paired t-test of mean 0 (differences only)
-
-
-def seed_mean(values: Sequence[float], test: bool = False) -> SeedMean:
-    """Mean of the finite per-seed `values` and its Student-t 95% interval over seeds; with `test`, the two-sided
-    p-value that the mean is 0."""
-    v = np.array([x for x in values if math.isfinite(x)], dtype=float)
-    if not len(v):
-        return SeedMean(float("nan"), float("nan"), float("nan"), ())
-    half = t_half_width(v)
-    mean = float(v.mean())
-    return SeedMean(mean, mean - half, mean + half, tuple(float(x) for x in v),
-                    paired_t_pvalue(v) if test else float("nan"))
 
 
 def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, Any]:
