@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The pre-registered comparison (benchmarks/preregistration.md): grpo, pcl and trace on one testbed, 24 steps of 128
 # units, evaluated every 2 steps on 512 held-out questions x 4 samples (the same for every method of a seed), each
-# run's starting weights recorded; then two reports over the same runs, against grpo and against pcl.
+# run's starting weights recorded; then two reports over the same runs, against grpo and against pcl, and the
+# pre-registered decision rule applied to them (tracerl verdict: primary.md).
 #
 #   benchmarks/preregistered.sh default  [SEEDS] [tracerl compare arguments...]   configs/trace.toml
 #   benchmarks/preregistered.sh headroom [SEEDS] [tracerl compare arguments...]   configs/trace-headroom.toml
@@ -17,8 +18,8 @@ testbed=${1:?"name a testbed: default or headroom"}
 seeds=${2:-30}
 shift $(( $# < 2 ? $# : 2 ))
 case "$testbed" in
-  default) config=configs/trace.toml ;;
-  headroom) config=configs/trace-headroom.toml ;;
+  default) config=configs/trace.toml; planned=30 ;;  # seed counts of preregistration.md
+  headroom) config=configs/trace-headroom.toml; planned=41 ;;
   *) echo "unknown testbed $testbed: use default or headroom" >&2; exit 2 ;;
 esac
 common=(--config "$config" --set run.num_steps=24 --set run.eval_every=2 --set run.eval_prompts=512
@@ -31,4 +32,5 @@ cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/
 tracerl compare --methods grpo,pcl,trace --seeds "$seeds" --baseline pcl --out "$out" "${common[@]}" "$@" \
     --report-only
 cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/vs-pcl/
-echo "preregistered: $testbed -> $dest (against grpo) and $dest/vs-pcl (against pcl)"
+tracerl verdict "$dest" "$dest/vs-pcl" --planned-seeds "$planned" --out "$dest" > /dev/null
+echo "preregistered: $testbed -> $dest (against grpo), $dest/vs-pcl (against pcl), $dest/primary.md (the verdict)"

@@ -281,6 +281,36 @@ def _regime(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verdict(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tracerl.report import verdict
+
+    summaries = []
+    for name in args.reports:
+        path = Path(name)
+        path = path / "compare.json" if path.is_dir() else path
+        try:
+            summaries.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"tracerl verdict: cannot read {path} ({err}); give the compare.json that "
+                             "tracerl compare wrote, or its folder")
+    try:
+        plan = verdict.Plan(method=args.method, planned_seeds=args.planned_seeds, alpha=args.alpha,
+                            min_effect=args.min_effect / 100, max_share=args.max_share, goal_share=args.goal_share)
+        result = verdict.primary_verdict(summaries, plan)
+    except ValueError as err:
+        raise SystemExit(f"tracerl verdict: {err}")
+    text = verdict.to_markdown(result)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "primary.md").write_text(text)
+        (out / "primary.json").write_text(json.dumps(_finite(result), indent=1) + "\n")
+    print(text, end="")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from tracerl.serve import ServeLimits, run_server
@@ -461,6 +491,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the rows drawn and of sampling")
     p.add_argument("--out", help="write the table to OUT.md and the numbers to OUT.json")
     p.set_defaults(func=_regime)
+
+    p = sub.add_parser("verdict", help="the pre-registered reading of a method's primary comparisons: Holm over "
+                                       "the equal-token tests, each established, refuted or unresolved")
+    p.add_argument("reports", nargs="+", help="one compare.json (or its folder) per comparator, all of the same runs")
+    p.add_argument("--method", default="trace", help="the entry whose payoff is tested (default trace)")
+    p.add_argument("--planned-seeds", type=int, required=True,
+                   help="the seed count the power analysis fixed; fewer seeds make the reading an interim look")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise level over the equal-token tests (Holm)")
+    p.add_argument("--min-effect", type=float, default=0.5,
+                   help="smallest gain worth the machinery at equal tokens, in points (default 0.5)")
+    p.add_argument("--max-share", type=float, default=0.8, help="largest token share worth the machinery (0.8)")
+    p.add_argument("--goal-share", type=float, default=0.7, help="the token share the method is held to (0.7)")
+    p.add_argument("--out", help="folder for primary.md and primary.json")
+    p.set_defaults(func=_verdict)
 
     p = sub.add_parser("config", help="every config field of tracerl train: type, default, allowed values, doc")
     p.set_defaults(func=_config)

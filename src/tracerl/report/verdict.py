@@ -1,0 +1,208 @@
+"""The pre-registered reading of a method's primary comparisons: from `tracerl compare` reports to a verdict each.
+
+Input: one compare.json per comparator, all over the same runs (`tracerl compare --report-only --baseline X` on
+one run folder), and the plan: the method, the seed count the power analysis fixed, the family-wise level and the
+smallest effect worth the machinery. For each comparator X it reads the two primary measures the report already
+computed (docs/design.md section 3, "accuracy" and "The pre-registered reading"):
+
+    (a) d_X = success(method) - success(X) at X's final sampled tokens, per seed; paired t-test over seeds
+    (b) s_X = tokens(method) / tokens(X) to reach X's final success, per seed; bootstrap over seeds and questions
+
+and applies the rule fixed before the runs (benchmarks/preregistration.md):
+
+- the (a) tests form one family: Holm's adjustment over the comparators at level `alpha`;
+- (a) is *established* when its Holm-adjusted p <= alpha (the sign says for or against the method), *refuted*
+  when the 95% t interval lies below `min_effect` (it excludes the effect worth the machinery), else *unresolved*;
+- (b): "fewer tokens" only where the bootstrap interval's upper end is below 100%; *refuted* where its lower end
+  is above `max_share` (the method needs more than that share, confidently); the goal (`goal_share`, 70%) is met
+  when the estimate is at most the goal and the upper end below 100%;
+- overall: the method pays for itself only if every (a) is established in its favour and every (b) interval
+  ends below 100%; otherwise "no evidence that it pays for itself on this testbed", with the intervals;
+- a reading over fewer seeds than planned is an interim look and decides nothing: it is labelled so.
+
+Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token), so a
+signal that favours the method while held-out success does not is stated as such.
+
+Deliberately not here: any new statistic. Every number is the compare report's; this module only applies the
+decision rule, so the rule cannot drift between the plan and its reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracerl.core.stats import holm
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The pre-registered decision rule (benchmarks/preregistration.md, "Decision rule")."""
+
+    method: str = "trace"  # the entry whose payoff is tested
+    planned_seeds: int = 0  # seeds the power analysis fixed; fewer seeds make the reading an interim look
+    alpha: float = 0.05  # family-wise level over the (a) tests (Holm)
+    min_effect: float = 0.005  # smallest success gain worth the machinery at equal tokens (+0.5 points)
+    max_share: float = 0.80  # largest token share worth the machinery
+    goal_share: float = 0.70  # the share the method is held to
+
+    def __post_init__(self):
+        if self.planned_seeds < 2:
+            raise ValueError(f"planned_seeds={self.planned_seeds}: give the seed count the power analysis fixed "
+                             "(at least 2), e.g. --planned-seeds 30")
+        if not 0 < self.alpha < 1 or not 0 < self.goal_share <= self.max_share <= 1 or self.min_effect <= 0:
+            raise ValueError(f"need 0 < alpha < 1, 0 < goal_share <= max_share <= 1 and min_effect > 0; got "
+                             f"alpha={self.alpha}, goal_share={self.goal_share}, max_share={self.max_share}, "
+                             f"min_effect={self.min_effect}")
+
+
+def _check(summaries: list[dict[str, Any]], method: str) -> None:
+    """The reports must be of the same runs: same seeds, same starting weights, one comparator each."""
+    if not summaries:
+        raise ValueError("no report given: pass one compare.json per comparator")
+    baselines = [s.get("baseline") for s in summaries]
+    for s, base in zip(summaries, baselines):
+        if not base:
+            raise ValueError("a report has no baseline: write it with tracerl compare --baseline X")
+        if method not in s["methods"] or base == method:
+            raise ValueError(f"the report against {base} has entries {sorted(s['methods'])}: it must hold "
+                             f"{method!r} as an entry other than its baseline")
+    if len(set(baselines)) != len(baselines):
+        raise ValueError(f"two reports share a baseline ({baselines}): give one report per comparator")
+    seeds = {tuple(s["seeds"]) for s in summaries}
+    hashes = {s.get("weights", {}).get("weights_sha256") for s in summaries}
+    if len(seeds) > 1 or len(hashes) > 1:
+        raise ValueError(f"the reports are not of the same runs (seeds {sorted(seeds)}, starting weights "
+                         f"{sorted(str(h)[:12] for h in hashes)}): regenerate them from one run folder with "
+                         "tracerl compare --report-only")
+
+
+def _equal_tokens(diff: dict[str, Any], p_holm: float, plan: Plan) -> dict[str, Any]:
+    established = p_holm <= plan.alpha
+    if established:
+        verdict = f"established: {plan.method} {'better' if diff['mean'] > 0 else 'worse'}"
+        if diff["hi"] < plan.min_effect:
+            verdict += f"; the +{100 * plan.min_effect:.1f}-point effect refuted"
+    elif diff["hi"] < plan.min_effect:
+        verdict = f"refuted: the interval excludes +{100 * plan.min_effect:.1f} points"
+    else:
+        verdict = "unresolved"
+    return {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"], "boot_lo": diff.get("boot_lo"),
+            "boot_hi": diff.get("boot_hi"), "p": diff["p"], "p_holm": p_holm, "per_seed": diff["per_seed"],
+            "established": established, "favours_method": established and diff["mean"] > 0, "verdict": verdict}
+
+
+def _share(row: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The token share s; None in the report stands for infinity (a seed whose curve never reached the target)."""
+    ci = row["share_of_baseline_tokens_ci"]
+    inf = math.inf
+    mean = row["share_of_baseline_tokens"]
+    mean, lo, hi = (inf if v is None else v for v in (mean, ci["lo"], ci["hi"]))
+    per_seed = [inf if v is None else v for v in ci["per_seed"]]
+    fewer = hi < 1.0
+    if fewer:
+        verdict = f"fewer tokens established (upper end {_pct(hi)} < 100%)"
+    elif lo > plan.max_share:
+        verdict = f"refuted: needs more than {plan.max_share:.0%} of the tokens (lower end {_pct(lo)})"
+    else:
+        verdict = "unresolved"
+    return {"mean": mean, "lo": lo, "hi": hi, "per_seed": per_seed, "num_unreached": ci["num_unreached"],
+            "median": float(np.median(per_seed)) if per_seed else inf,
+            "num_at_goal": sum(v <= plan.goal_share for v in per_seed), "fewer_tokens": fewer,
+            "goal_met": fewer and mean <= plan.goal_share, "verdict": verdict}
+
+
+def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
+    """The verdict of every primary question, and overall, under `plan` (the rule in the module docstring)."""
+    _check(summaries, plan.method)
+    diffs = [s["methods"][plan.method]["diff_at_equal_tokens"] for s in summaries]
+    adjusted = holm([d["p"] for d in diffs])
+    seeds = list(summaries[0]["seeds"])
+    comparisons = []
+    for summary, diff, p_holm in zip(summaries, diffs, adjusted):
+        base, row = summary["baseline"], summary["methods"][plan.method]
+        base_row = summary["methods"][summary["baseline"]]
+        comparisons.append({
+            "comparator": base, "equal_tokens": _equal_tokens(diff, p_holm, plan), "share": _share(row, plan),
+            "signal": {plan.method: row.get("informative_sampled_tokens_per_token"),
+                       base: base_row.get("informative_sampled_tokens_per_token")},
+            "success_after": {plan.method: row["success_after"], base: base_row["success_after"]},
+            "tokens": {plan.method: row["tokens"], base: base_row["tokens"]}})
+    pays = all(c["equal_tokens"]["favours_method"] and c["share"]["fewer_tokens"] for c in comparisons)
+    interim = len(seeds) < plan.planned_seeds
+    overall = (f"{plan.method} pays for itself on this testbed" if pays
+               else f"no evidence that {plan.method} pays for itself on this testbed")
+    return {"method": plan.method, "seeds": seeds, "planned_seeds": plan.planned_seeds, "interim": interim,
+            "plan": {"alpha": plan.alpha, "min_effect": plan.min_effect, "max_share": plan.max_share,
+                     "goal_share": plan.goal_share},
+            "weights_sha256": summaries[0].get("weights", {}).get("weights_sha256"),
+            "regime": _pooled_regime(summaries[0].get("regime", [])),
+            "comparisons": comparisons, "pays": pays,
+            "overall": (f"interim look ({len(seeds)} of {plan.planned_seeds} planned seeds), decides nothing; "
+                        f"read as it stands: {overall}") if interim else overall}
+
+
+def _pooled_regime(regimes: list[dict[str, float]]) -> dict[str, float] | None:
+    """All-fail / mixed / all-success shares of the comparator's first batch, pooled over seeds by prompt count."""
+    total = sum(r["num_prompts"] for r in regimes)
+    if not total:
+        return None
+    return {k: sum(r[k] * r["num_prompts"] for r in regimes) / total for k in ("all_fail", "mixed", "all_success")}
+
+
+def _pts(value: float) -> str:
+    return f"{100 * value:+.2f}"
+
+
+def _pct(value: float) -> str:
+    return "infinite" if math.isinf(value) else f"{value:.0%}"
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    method, plan = result["method"], result["plan"]
+    lines = [f"# Primary analysis: `{method}`", "",
+             f"**{result['overall']}.**", "",
+             f"Seeds: {len(result['seeds'])} of {result['planned_seeds']} planned ({', '.join(map(str, result['seeds']))}); "
+             f"starting weights sha256 {str(result['weights_sha256'])[:16]}."]
+    if result["regime"]:
+        r = result["regime"]
+        lines.append(f"Regime (the comparator's first batch, pooled over seeds): all-fail {r['all_fail']:.1%}, "
+                     f"mixed {r['mixed']:.1%}, all-success {r['all_success']:.1%}.")
+    lines += ["", f"Rule: Holm over the {len(result['comparisons'])} equal-token tests at "
+              f"family-wise level {plan['alpha']}; refuted where the 95% interval excludes the effect worth the "
+              f"machinery (+{100 * plan['min_effect']:.1f} points, or a token share of {plan['max_share']:.0%}); "
+              f"\"fewer tokens\" only where the share's bootstrap interval ends below 100%; the goal is a share of at "
+              f"most {plan['goal_share']:.0%} with that interval below 100%.", "",
+              f"| question | estimate [95% t CI] | [95% bootstrap CI] | p | p (Holm) | verdict |",
+              "|---|---|---|---|---|---|"]
+    for c in result["comparisons"]:
+        d, s, base = c["equal_tokens"], c["share"], c["comparator"]
+        lines.append(f"| `{method}` - `{base}`, held-out success at `{base}`'s final tokens, points | "
+                     f"{_pts(d['mean'])} [{_pts(d['lo'])}, {_pts(d['hi'])}] | "
+                     f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {d['p']:.3f} | {d['p_holm']:.3f} | "
+                     f"{d['verdict']} |")
+        unreached = f"; not reached on {s['num_unreached']} of {len(s['per_seed'])} seeds" if s["num_unreached"] else ""
+        lines.append(f"| share of `{base}`'s tokens `{method}` needs to reach `{base}`'s final success | "
+                     f"{_pct(s['mean'])} (median per seed {_pct(s['median'])}) | [{_pct(s['lo'])}, {_pct(s['hi'])}]{unreached} "
+                     f"| | | {s['verdict']}; "
+                     f"goal {'met' if s['goal_met'] else 'not met'} (at most {plan['goal_share']:.0%} on "
+                     f"{s['num_at_goal']} of {len(s['per_seed'])} seeds) |")
+    lines += ["", "| comparator | final success, method / comparator | sampled tokens, method / comparator | "
+              "informative sampled tokens / token, method / comparator | reading |", "|---|---|---|---|---|"]
+    for c in result["comparisons"]:
+        base = c["comparator"]
+        sig_m, sig_b = c["signal"][method], c["signal"][base]
+        signal_favours = sig_m is not None and sig_b is not None and sig_m > sig_b
+        reading = ("more learning signal per token without a held-out gain: the signal was not what limited "
+                   "learning" if signal_favours and not c["equal_tokens"]["favours_method"] else "-")
+        lines.append(f"| `{base}` | {c['success_after'][method]:.1%} / {c['success_after'][base]:.1%} | "
+                     f"{c['tokens'][method]:,.0f} / {c['tokens'][base]:,.0f} | "
+                     f"{_num(sig_m)} / {_num(sig_b)} | {reading} |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

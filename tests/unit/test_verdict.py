@@ -1,0 +1,147 @@
+"""The pre-registered reading: Holm over the primary tests, each verdict by its interval, interim looks labelled,
+reports of different runs refused; and the same reading on reports that `tracerl compare` wrote from run folders."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tracerl.cli import main
+from tracerl.core.stats import paired_t_pvalue, t_half_width
+from tracerl.report.verdict import Plan, primary_verdict, to_markdown
+
+
+def diff(per_seed_points: list[float]) -> dict:
+    """A compare report's diff_at_equal_tokens from per-seed differences in points (statistics as the report's)."""
+    d = np.asarray(per_seed_points) / 100
+    half = t_half_width(d)
+    return {"mean": float(d.mean()), "lo": float(d.mean() - half), "hi": float(d.mean() + half),
+            "boot_lo": float(d.mean() - half), "boot_hi": float(d.mean() + half), "p": paired_t_pvalue(d),
+            "per_seed": d.tolist()}
+
+
+def report(baseline: str, per_seed_points: list[float], share: tuple = (0.6, 0.5, 0.7), seeds=None,
+           weights: str = "abc", signal: tuple[float, float] = (0.4, 0.4)) -> dict:
+    """A compare.json against `baseline` holding `trace`; share = (mean, lo, hi), None for a seed never reaching."""
+    seeds = list(range(len(per_seed_points))) if seeds is None else seeds
+    mean, lo, hi = share
+    row = {"success_after": 0.6, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[0],
+           "diff_at_equal_tokens": diff(per_seed_points), "share_of_baseline_tokens": mean,
+           "share_of_baseline_tokens_ci": {"lo": lo, "hi": hi, "per_seed": [mean] * len(seeds),
+                                           "num_unreached": 0 if mean is not None else len(seeds)}}
+    base = {"success_after": 0.58, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[1]}
+    return {"baseline": baseline, "seeds": seeds, "methods": {baseline: base, "trace": row},
+            "weights": {"weights_sha256": weights}, "regime": [{"all_fail": 0.25, "mixed": 0.5, "all_success": 0.25,
+                                                               "num_prompts": 16}]}
+
+
+WIN = [1.0, 1.5, 2.0, 1.2, 0.8, 1.7]
+
+
+def test_a_clear_win_on_both_comparators_pays_and_meets_the_goal():
+    result = primary_verdict([report("grpo", WIN), report("pcl", WIN)], Plan(planned_seeds=6))
+    assert result["pays"] and not result["interim"]
+    assert result["overall"] == "trace pays for itself on this testbed"
+    for c in result["comparisons"]:
+        assert c["equal_tokens"]["verdict"] == "established: trace better"
+        assert c["share"]["goal_met"] and c["share"]["fewer_tokens"]
+
+
+def test_holm_withholds_two_tests_that_each_pass_alone():
+    # each p is between 0.025 and 0.05: each passes at 0.05 alone, neither survives Holm over the two
+    a, b = [0.2, 1.4, 0.9, -0.1, 1.1, 0.3], [0.3, 1.2, 0.8, 0.0, 1.2, 0.2]
+    pa, pb = paired_t_pvalue(np.array(a)), paired_t_pvalue(np.array(b))
+    assert 0.025 < min(pa, pb) and max(pa, pb) < 0.05
+    result = primary_verdict([report("grpo", a), report("pcl", b)], Plan(planned_seeds=6))
+    assert [c["equal_tokens"]["established"] for c in result["comparisons"]] == [False, False]
+    assert not result["pays"]
+    assert result["overall"] == "no evidence that trace pays for itself on this testbed"
+
+
+def test_an_interval_below_the_worthwhile_effect_is_refuted_and_a_significant_loss_says_worse():
+    near_zero, loss = [0.1, -0.1, 0.2, 0.0, -0.2, 0.1], [-1.0, -1.5, -0.8, -1.2, -1.1, -0.9]
+    result = primary_verdict([report("grpo", near_zero), report("pcl", loss)], Plan(planned_seeds=6))
+    first, second = (c["equal_tokens"]["verdict"] for c in result["comparisons"])
+    assert first == "refuted: the interval excludes +0.5 points"
+    assert second.startswith("established: trace worse") and "refuted" in second
+
+
+def test_a_wide_interval_is_unresolved():
+    result = primary_verdict([report("grpo", [3.0, -2.5, 1.0, -1.5, 2.0, -0.5])], Plan(planned_seeds=6))
+    assert result["comparisons"][0]["equal_tokens"]["verdict"] == "unresolved"
+
+
+def test_fewer_seeds_than_planned_is_an_interim_look_even_when_it_would_pass():
+    result = primary_verdict([report("grpo", WIN), report("pcl", WIN)], Plan(planned_seeds=30))
+    assert result["interim"] and result["pays"]
+    assert result["overall"].startswith("interim look (6 of 30 planned seeds), decides nothing")
+    assert "interim look" in to_markdown(result)
+
+
+def test_a_share_never_reached_is_infinite_and_cannot_meet_the_goal():
+    unreached = report("grpo", WIN, share=(None, None, None))
+    share = primary_verdict([unreached], Plan(planned_seeds=6))["comparisons"][0]["share"]
+    assert share["mean"] == float("inf") and not share["fewer_tokens"] and not share["goal_met"]
+    assert share["verdict"].startswith("refuted: needs more than 80%")
+    # a share whose interval reaches 100% is not "fewer tokens", however low the estimate
+    wide = primary_verdict([report("grpo", WIN, share=(0.6, 0.3, 1.2))], Plan(planned_seeds=6))
+    assert wide["comparisons"][0]["share"]["verdict"] == "unresolved" and not wide["pays"]
+
+
+def test_a_learning_signal_without_a_held_out_gain_is_said_so():
+    text = to_markdown(primary_verdict([report("grpo", [3.0, -2.5, 1.0, -1.5, 2.0, -0.5], signal=(0.5, 0.3))],
+                                       Plan(planned_seeds=6)))
+    assert "the signal was not what limited learning" in text
+
+
+@pytest.mark.parametrize("reports, message", [
+    ([report("grpo", WIN), report("pcl", WIN, weights="other")], "not of the same runs"),
+    ([report("grpo", WIN), report("pcl", WIN[:5])], "not of the same runs"),
+    ([report("grpo", WIN), report("grpo", WIN)], "share a baseline"),
+    ([{**report("grpo", WIN), "baseline": None}], "has no baseline"),
+    ([report("grpo", WIN)], "planned_seeds"),
+])
+def test_reports_that_cannot_be_read_together_are_refused_with_the_fix(reports, message):
+    with pytest.raises(ValueError, match=message):
+        primary_verdict(reports, Plan(planned_seeds=1 if message == "planned_seeds" else 6))
+
+
+def test_a_report_without_the_method_is_refused():
+    with pytest.raises(ValueError, match="must hold 'treepo'"):
+        primary_verdict([report("grpo", WIN)], Plan(method="treepo", planned_seeds=6))
+
+
+def test_the_command_writes_the_reading_and_refuses_an_unreadable_report(tmp_path, capsys):
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "compare.json").write_text(json.dumps(report("grpo", WIN)))
+    (tmp_path / "pcl.json").write_text(json.dumps(report("pcl", WIN)))
+    assert main(["verdict", str(tmp_path / "grpo"), str(tmp_path / "pcl.json"), "--planned-seeds", "6",
+                 "--out", str(tmp_path / "out")]) == 0
+    saved = json.loads((tmp_path / "out" / "primary.json").read_text())
+    assert saved["pays"] and saved["comparisons"][1]["comparator"] == "pcl"
+    assert (tmp_path / "out" / "primary.md").read_text() == capsys.readouterr().out
+    with pytest.raises(SystemExit, match="cannot read .*missing.json"):
+        main(["verdict", str(tmp_path / "missing.json"), "--planned-seeds", "6"])
+
+
+def test_the_reading_of_reports_written_from_run_folders(tmp_path):
+    """The keys read here are the ones `tracerl compare` writes: trace beats both comparators on every seed."""
+    pytest.importorskip("matplotlib")
+    from tests.unit.test_compare_report import write_run
+    from tracerl.report.compare import complete_seeds, summarize
+
+    rng = np.random.default_rng(0)
+    q, seeds = 64, [0, 1, 2, 3]
+    for seed in seeds:
+        start = rng.uniform(0.2, 0.4, q)
+        for label, gain in (("grpo", 0.10), ("pcl", 0.11), ("trace", 0.20)):
+            write_run(tmp_path, label, seed, {0: start, 2: start + gain / 2, 4: start + gain}, 1000, weights="w")
+    kept, runs = complete_seeds(tmp_path, ["grpo", "pcl", "trace"], seeds)
+    summaries = [{**summarize(runs, base, kept), "weights": {"weights_sha256": "w"}} for base in ("grpo", "pcl")]
+    result = primary_verdict(summaries, Plan(planned_seeds=4))
+    for c in result["comparisons"]:
+        assert c["equal_tokens"]["verdict"] == "established: trace better"
+        assert c["share"]["fewer_tokens"] and c["share"]["mean"] < 0.7
+    assert result["pays"]
