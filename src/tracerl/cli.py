@@ -233,9 +233,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracerl.train.compare import parse_seeds, run_compare
+    from tracerl.train.compare import compare_status, parse_seeds, run_compare
 
     seeds = parse_seeds(args.seeds)
+    if args.status:
+        print(compare_status(args.methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
+                             jobs=args.jobs))
+        return 0
     print(run_compare(args.methods, seeds, args.out, config_path=args.config, overrides=list(args.set or []),
                       say=_say, baseline=args.baseline, report_only=args.report_only, jobs=args.jobs))
     return 0
@@ -470,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="grpo", help="the entry the others are paired against")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the report from the seeds already finished for every entry")
+    p.add_argument("--status", action="store_true",
+                   help="train nothing: runs complete, in progress and not begun, and the time left at --jobs")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at a time, each in its own process with run.num_threads torch threads "
                         "(e.g. the number of cores with the default of one thread); results are the same")

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tracerl.io.runlog import read_metrics
-from tracerl.train.compare import format_seeds, parse_seeds, run_compare
+from tracerl.io.runlog import RunLog
+from tracerl.train.compare import compare_status, format_seeds, parse_seeds, run_compare
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -78,3 +79,26 @@ def test_provenance_is_recorded_before_the_first_step_only(tiny_overrides, tmp_p
     (tmp_path / "old" / "metrics.jsonl").write_text("")
     record_provenance(tmp_path / "old", policy.model, policy.source)
     assert not (tmp_path / "old" / "provenance.json").exists()
+
+
+def test_status_counts_complete_running_and_waiting_runs_and_estimates_the_rest(tmp_path):
+    """Run folders written by hand (nothing trains): grpo seeds 0-1 complete at 100 s of steps and 500 s of
+    evaluations each, seed 2 half done, seeds 3 and 5 not begun; trace seed 0 complete, the rest not begun."""
+    def write(label, seed, steps, num_steps=4):
+        log = RunLog(tmp_path / f"{label}-seed{seed}")
+        log.write("eval", 0, {"eval/seconds": 100.0})
+        for step in range(1, steps + 1):
+            log.write("train", step, {"sys/step_seconds": 25.0})
+            if step % 2 == 0:
+                log.write("eval", step, {"eval/seconds": 200.0})
+
+    for seed in (0, 1):
+        write("grpo", seed, 4)
+    write("grpo", 2, 2)
+    write("trace", 0, 4)
+    text = compare_status("grpo,trace", [0, 1, 2, 3, 5], tmp_path, overrides=["run.num_steps=4"], jobs=2)
+    assert "| grpo | 2 of 5 | 2 (step 2) | 3, 5 |" in text
+    assert "| trace | 1 of 5 | - | 1-3, 5 |" in text
+    # left: half of grpo seed 2, grpo 3 and 5, trace 1, 2, 3 and 5 = 6.5 runs of 600 s, 2 at a time
+    assert text.startswith("3 of 10 runs complete; about 0.5 h left at 2 run(s) at a time (median complete run "
+                           "10.0 min")

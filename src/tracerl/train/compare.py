@@ -20,6 +20,10 @@ begun without that record (an older run) stays without it, and the report counts
 Dense curves: `--set run.eval_every=2` evaluates every 2 steps on `run.eval_prompts` questions, the same questions
 for every entry of a seed. `benchmarks/preregistration.md` sizes the question count from the spread of a question's
 success, and the report's resolution line gives that spread for the next comparison.
+
+`--status` trains nothing and says how far a comparison is: per entry the runs complete, in progress (at which
+step) and not begun, and the time left, estimated from the seconds the complete runs logged (their steps and
+evaluations; the median run, so a run slowed by a paused or shared machine does not set the pace).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
+from tracerl.io.runlog import read_metrics
 from tracerl.report.compare import run_dir_name, write_report
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
@@ -150,3 +157,47 @@ def _train_in_parallel(configs: dict, jobs: int, say: Say) -> None:
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(configs)} runs failed (the others are saved and resume):\n  "
                            + "\n  ".join(failed))
+
+
+def compare_status(methods: str, seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
+                   overrides: Sequence[str] = (), jobs: int = 1) -> str:
+    """How far the comparison in `out` is (see the module docstring), as a Markdown table with one summary line."""
+    out = Path(out)
+    labels = [label for label, _, _ in parse_entries(methods)]
+    num_steps = load_config(config_path, list(overrides)).run.num_steps
+    rows, seconds, num_done, left = [], [], 0, 0.0
+    for label in labels:
+        done, running, waiting = 0, [], []
+        for seed in seeds:
+            path = out / run_dir_name(label, seed) / "metrics.jsonl"
+            logged = read_metrics(path.parent) if path.exists() else []
+            steps = [r for r in logged if r["kind"] == "train"]
+            step = steps[-1]["step"] if steps else 0
+            if step >= num_steps:
+                done += 1
+                seconds.append(sum(r.get("sys/step_seconds", 0.0) for r in steps)
+                               + sum(r.get("eval/seconds", 0.0) for r in logged if r["kind"] == "eval"))
+            elif logged:
+                running.append(f"{seed} (step {step})")
+                left += 1 - step / num_steps
+            else:
+                waiting.append(seed)
+        num_done, left = num_done + done, left + len(waiting)
+        rows.append(f"| {label} | {done} of {len(seeds)} | {', '.join(running) or '-'} | {_spans(waiting)} |")
+    summary = f"{num_done} of {len(labels) * len(seeds)} runs complete"
+    if seconds and left:
+        per_run = float(np.median(seconds))
+        summary += (f"; about {left * per_run / jobs / 3600:.1f} h left at {jobs} run(s) at a time (median complete "
+                    f"run {per_run / 60:.1f} min, steps and evaluations as logged)")
+    return "\n".join([f"{summary}.", "", "| entry | complete | in progress | not begun |", "|---|---|---|---|", *rows])
+
+
+def _spans(seeds: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"; "-" for none."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans) or "-"
