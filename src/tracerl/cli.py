@@ -554,10 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tracerl.io.runlog import RunInUse
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:  # user errors raised at the boundary carry the fix in their message
+    except (ValueError, RunInUse) as err:  # user errors raised at the boundary carry the fix in their message
         print(f"tracerl: error: {err}", file=sys.stderr)
         return 2
 

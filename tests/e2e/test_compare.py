@@ -5,8 +5,9 @@ import json
 import pytest
 
 from tracerl.io.runlog import read_metrics
-from tracerl.io.runlog import RunLog
-from tracerl.train.compare import compare_status, format_seeds, parse_seeds, run_compare
+from tracerl.io.runlog import RunLog, run_lock
+from tracerl.train.compare import _train_one, compare_status, format_seeds, parse_seeds, run_compare
+from tracerl.train.config import load_config
 
 
 def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overrides, tmp_path):
@@ -102,3 +103,26 @@ def test_status_counts_complete_running_and_waiting_runs_and_estimates_the_rest(
     # left: half of grpo seed 2, grpo 3 and 5, trace 1, 2, 3 and 5 = 6.5 runs of 600 s, 2 at a time
     assert text.startswith("3 of 10 runs complete; about 0.5 h left at 2 run(s) at a time (median complete run "
                            "10.0 min")
+
+
+def test_a_run_another_process_trains_is_skipped_and_a_second_train_is_refused(tiny_overrides, tmp_path, capsys):
+    """The lock is held here as another invocation would hold it: compare trains the other entry and leaves the
+    locked run untouched; `tracerl train --resume` on it exits with the holder named."""
+    from tracerl.cli import main
+
+    overrides = [*tiny_overrides, "run.num_steps=1", "run.eval_prompts=3", "run.eval_samples=1",
+                 "run.tensorboard=false"]
+    messages = []
+    with run_lock(tmp_path / "grpo-seed0"):
+        report = run_compare(["grpo", "trace"], [0], tmp_path, overrides=overrides, say=messages.append)
+        assert report.startswith("no report yet: grpo-seed0 is being trained by another process")
+        assert any(m.startswith("  skipped:") and "grpo-seed0 is being trained by another process" in m
+                   for m in messages)
+        assert not (tmp_path / "grpo-seed0" / "metrics.jsonl").exists()
+        assert [r["step"] for r in read_metrics(tmp_path / "trace-seed0") if r["kind"] == "train"] == [1]
+        args = ["train", "--out", str(tmp_path / "grpo-seed0"), "--resume"] + [a for o in overrides for a in ("--set", o)]
+        assert main(args) == 2
+        assert "is being trained by another process" in capsys.readouterr().err
+        # a worker of --jobs N says why it skipped instead of failing the comparison
+        config = load_config(None, [*overrides, "method=grpo", f"run.out_dir={tmp_path / 'grpo-seed0'}"])
+        assert "grpo-seed0 is being trained by another process" in _train_one(config)

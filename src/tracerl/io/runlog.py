@@ -10,20 +10,29 @@ With `run.save_trees`, each step's pool and trees go to `trees/step-NNNNNN.json.
 pool prompt its id, predicted p and stage-1 grant (0 = filtered out), and every grown tree in `Tree.to_dict` form
 (token ids, logprobs, masks, text, rewards, each node's p_pred, expand_reason and num_granted).
 
+One process trains a run directory at a time: `run_lock(run_dir)` holds an exclusive lock on `<run>/.lock` while a
+run trains, and a second process that asks for it gets `RunInUse` naming the holder, so two resumed copies of one
+run (two overlapping `tracerl compare` invocations, a second `tracerl train --resume`) cannot interleave their
+steps in one folder. The kernel drops the lock when its process ends, killed or not: no stale lock to clean up.
+
 Deliberately not here: plotting and tables (`tracerl.report`), wall-clock-free comparison (callers drop
 `sys/` keys when comparing runs).
 """
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run; it holds that process's pid
 TREES_DIR = "trees"  # <run>/trees/step-000012.json.gz: one step's pool and trees (see write_trees)
 
 
@@ -113,3 +122,31 @@ def read_trees(run_dir: str | Path, step: int | None = None) -> dict[str, Any]:
         raise ValueError(f"{run_dir} has no trees for step {step}; steps with trees: {steps}")
     with gzip.open(directory / f"step-{step:06d}.json.gz", "rt", encoding="utf-8") as f:
         return json.load(f)
+
+
+class RunInUse(RuntimeError):
+    """Another process is training this run directory."""
+
+
+@contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold `<run_dir>/.lock` exclusively for the block (made with the folder if need be); `RunInUse` if another
+    process holds it. flock(2) locks belong to the open file, so a second holder in the same process is refused too."""
+    path = Path(run_dir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise RunInUse(f"{run_dir} is being trained by another process (pid {holder}); wait for it to end, "
+                           "or give another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -10,7 +10,9 @@ are comparisons of variants. Runs resume, so a long comparison can be run in pie
 The step-0 evaluation does not depend on the method (same policy, questions and sampling seed), so it is run
 once per seed and shared. With `jobs` > 1 the runs go to that many worker processes, seed by seed in the order of
 the sequential loop; each run then makes its own step-0 evaluation (the same numbers: same policy, questions and seed),
-and a run that fails is reported at the end without stopping the others. The report itself (paired differences,
+and a run that fails is reported at the end without stopping the others. A run another process is training (an
+overlapping invocation on the same folder: `tracerl.io.runlog.run_lock`) is skipped with a message, so two
+invocations over the same seeds share the work instead of interleaving one run's steps. The report itself (paired differences,
 equal-token reading, plots) is `tracerl.report.compare`.
 
 Before a run's first step its starting weights are hashed and recorded with the machine in `<run>/provenance.json`
@@ -35,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tracerl.io.runlog import read_metrics
-from tracerl.report.compare import run_dir_name, write_report
+from tracerl.io.runlog import RunInUse, read_metrics
+from tracerl.report.compare import complete_seeds, run_dir_name, write_report
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
@@ -112,14 +114,20 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                                                      f"run.out_dir={out / run_dir_name(label, s)}",
                                                      "run.progress=false"])
                for s in seeds for label, method, extra in entries}  # every config is checked before the first run
+    busy: list[str] = []  # runs another process is training: left to it
     if not report_only and jobs > 1:
-        _train_in_parallel(configs, jobs, say)
+        busy = _train_in_parallel(configs, jobs, say)
     elif not report_only:
         for s in seeds:
             initial = None
             for label, _, _ in entries:
                 say(f"compare: {label}, seed {s}")
-                result = run_training(configs[(label, s)], resume=True, say=say, initial_eval=initial)
+                try:
+                    result = run_training(configs[(label, s)], resume=True, say=say, initial_eval=initial)
+                except RunInUse as error:
+                    say(f"  skipped: {error}")
+                    busy.append(run_dir_name(label, s))
+                    continue
                 initial = result["before"]
                 say(f"  held-out success {result['before']['eval/success']:.1%} -> "
                     f"{result['after']['eval/success']:.1%}")
@@ -127,36 +135,49 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
     command = (f"tracerl compare --methods {shlex.quote(','.join(labels))} --seeds {format_seeds(report_seeds)}"
                + (f" --config {config_path}" if config_path else "")
                + "".join(f" --set {shlex.quote(o)}" for o in overrides) + f" --baseline {baseline}")
+    if busy and not complete_seeds(out, labels, report_seeds)[0]:
+        return (f"no report yet: {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} being trained by another "
+                "process, and no seed is complete for every entry; rerun with --report-only when it ends")
     return write_report(out, labels, report_seeds, baseline, command, say)
 
 
-def _train_one(config) -> tuple[float, float]:
-    """One run of a parallel comparison, in a worker process: (held-out success before, after)."""
+def _train_one(config) -> tuple[float, float] | str:
+    """One run of a parallel comparison, in a worker process: (held-out success before, after), or why it was
+    skipped (another process trains it)."""
     prefix = f"[{Path(config.run.out_dir).name}] "
-    result = run_training(config, resume=True, say=lambda message: print(prefix + message, flush=True))
+    try:
+        result = run_training(config, resume=True, say=lambda message: print(prefix + message, flush=True))
+    except RunInUse as busy:
+        return str(busy)
     return result["before"]["eval/success"], result["after"]["eval/success"]
 
 
-def _train_in_parallel(configs: dict, jobs: int, say: Say) -> None:
-    """Every (label, seed) run of `configs` in `jobs` worker processes (spawned: no torch state is forked)."""
+def _train_in_parallel(configs: dict, jobs: int, say: Say) -> list[str]:
+    """Every (label, seed) run of `configs` in `jobs` worker processes (spawned: no torch state is forked); returns
+    the runs skipped because another process trains them."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    failed = []
+    failed, busy = [], []
     say(f"compare: {len(configs)} runs, {jobs} at a time")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_train_one, config): key for key, config in configs.items()}
         for future in as_completed(futures):
             label, seed = futures[future]
             try:
-                before, after = future.result()
+                result = future.result()
             except Exception as error:  # one broken run must not cost the others; all are named below
                 failed.append(f"{label} seed {seed}: {type(error).__name__}: {error}")
                 say(f"compare: {label}, seed {seed} FAILED: {error}")
                 continue
-            say(f"compare: {label}, seed {seed}: held-out success {before:.1%} -> {after:.1%}")
+            if isinstance(result, str):
+                say(f"compare: {label}, seed {seed} skipped: {result}")
+                busy.append(run_dir_name(label, seed))
+            else:
+                say(f"compare: {label}, seed {seed}: held-out success {result[0]:.1%} -> {result[1]:.1%}")
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(configs)} runs failed (the others are saved and resume):\n  "
                            + "\n  ".join(failed))
+    return busy
 
 
 def compare_status(methods: str, seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,

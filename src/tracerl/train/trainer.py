@@ -40,7 +40,7 @@ from tracerl.core.tree import Tree
 from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.executors import make_runner
-from tracerl.io.runlog import RunLog, write_trees
+from tracerl.io.runlog import RunLog, run_lock, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
@@ -314,14 +314,16 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
 
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
     (it does not depend on the method), logged instead of evaluating again.
+    Raises `tracerl.io.runlog.RunInUse` while another process trains the same run directory.
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
-    _check_run_dir(config, resume)
-    trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
-    try:
-        with torch_threads(config.run.num_threads):
-            return _train(trainer, config, resume, say, progress, initial_eval)
-    finally:
-        trainer.close()  # the Ray rollout workers, also when a step raised
+    with run_lock(config.out_dir()):  # RunInUse if another process trains this folder
+        _check_run_dir(config, resume)  # under the lock: what another process did to the folder is done
+        trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
+        try:
+            with torch_threads(config.run.num_threads):
+                return _train(trainer, config, resume, say, progress, initial_eval)
+        finally:
+            trainer.close()  # the Ray rollout workers, also when a step raised
 
 
 def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
