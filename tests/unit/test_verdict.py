@@ -145,3 +145,9 @@ def test_the_reading_of_reports_written_from_run_folders(tmp_path):
         assert c["equal_tokens"]["verdict"] == "established: trace better"
         assert c["share"]["fewer_tokens"] and c["share"]["mean"] < 0.7
     assert result["pays"]
+
+
+def test_one_seed_has_no_test_and_reads_unresolved():
+    result = primary_verdict([report("grpo", [1.0])], Plan(planned_seeds=4))
+    assert result["comparisons"][0]["equal_tokens"]["verdict"] == "unresolved"
+    assert "+1.00 [n/a, n/a] | [n/a, n/a] | n/a | n/a | unresolved" in to_markdown(result)

@@ -153,8 +153,8 @@ def _pooled_regime(regimes: list[dict[str, float]]) -> dict[str, float] | None:
     return {k: sum(r[k] * r["num_prompts"] for r in regimes) / total for k in ("all_fail", "mixed", "all_success")}
 
 
-def _pts(value: float) -> str:
-    return f"{100 * value:+.2f}"
+def _pts(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:+.2f}"
 
 
 def _pct(value: float) -> str:
@@ -182,7 +182,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         d, s, base = c["equal_tokens"], c["share"], c["comparator"]
         lines.append(f"| `{method}` - `{base}`, held-out success at `{base}`'s final tokens, points | "
                      f"{_pts(d['mean'])} [{_pts(d['lo'])}, {_pts(d['hi'])}] | "
-                     f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {d['p']:.3f} | {d['p_holm']:.3f} | "
+                     f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {_p(d['p'])} | {_p(d['p_holm'])} | "
                      f"{d['verdict']} |")
         unreached = f"; not reached on {s['num_unreached']} of {len(s['per_seed'])} seeds" if s["num_unreached"] else ""
         lines.append(f"| share of `{base}`'s tokens `{method}` needs to reach `{base}`'s final success | "
@@ -202,6 +202,10 @@ def to_markdown(result: dict[str, Any]) -> str:
                      f"{c['tokens'][method]:,.0f} / {c['tokens'][base]:,.0f} | "
                      f"{_num(sig_m)} / {_num(sig_b)} | {reading} |")
     return "\n".join(lines) + "\n"
+
+
+def _p(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.3f}"
 
 
 def _num(value: float | None) -> str:
