@@ -52,7 +52,7 @@ COVERED = {"bench alloc": "test_bench_alloc_and_predictors", "bench predictors":
            "bench stage2": "test_train_resume_eval_view_report",
            "bench alignment": "test_train_resume_eval_view_report",
            "eval": "test_train_resume_eval_view_report", "view": "test_train_resume_eval_view_report",
-           "report": "test_train_resume_eval_view_report", "compare": "test_compare",
+           "report": "test_train_resume_eval_view_report", "compare": "test_compare", "verdict": "test_compare",
            "warmstart": "test_regime_and_warmstart", "regime": "test_regime_and_warmstart",
            "config": "test_config_and_methods", "methods": "test_config_and_methods",
            "serve": "test_serve_answers_on_loopback", "train (lora)": "test_train_with_lora"}
@@ -170,6 +170,15 @@ def test_compare(tiny_overrides, tmp_path, capsys):
                             "--set", "run.num_steps=1", *sets, "--out", tmp_path / "compare")
     assert status == 0, err
     assert "trace" in text and (tmp_path / "compare" / "compare.md").is_file()
+    # README: tracerl verdict runs/compare/compare.json --planned-seeds 5
+    status, text, err = run(capsys, "verdict", tmp_path / "compare" / "compare.json", "--planned-seeds", "5")
+    assert status == 0, err
+    assert text.startswith("# Primary analysis: `trace`") and "interim look (1 of 5 planned seeds)" in text
+    # docs/training.md: tracerl compare --methods grpo,pcl,trace --seeds 0-7 --status --jobs 2
+    status, text, err = run(capsys, "compare", "--methods", "grpo,trace", "--seeds", "0-1", "--status", "--jobs", "2",
+                            "--set", "run.num_steps=1", *sets, "--out", tmp_path / "compare")
+    assert status == 0, err
+    assert text.startswith("2 of 4 runs complete") and "| trace | 1 of 2 | - | 1 |" in text
 
 
 @pytest.mark.slow
