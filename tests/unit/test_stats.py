@@ -268,3 +268,14 @@ def test_seed_bootstrap_with_question_noise_is_wider_than_without():
     without = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=500, resample_questions=False)
     assert with_q.mean == without.mean
     assert with_q.hi - with_q.lo > without.hi - without.lo
+
+
+def test_the_median_over_seeds_stays_finite_where_one_seed_never_reaches():
+    reach = (_curve([0, 50], [0.5, 0.6]), _curve([0, 100], [0.5, 0.6]))  # share 0.5
+    never = (_curve([0, 50], [0.5, 0.55]), _curve([0, 100], [0.5, 0.6]))  # never reaches 0.6
+    est = seed_bootstrap(share_to_reach, [reach] * 8 + [never], num_resamples=400)
+    assert est.mean == float("inf") and est.hi == float("inf")  # the mean: infinite with a single such seed
+    assert est.median == pytest.approx(0.5) and est.median_lo == pytest.approx(0.5)
+    assert est.median_hi == pytest.approx(0.5)  # a resample's median is infinite only if half its seeds are
+    half = seed_bootstrap(share_to_reach, [reach] * 4 + [never] * 5, num_resamples=400)
+    assert half.median == float("inf")

@@ -23,14 +23,19 @@ def diff(per_seed_points: list[float]) -> dict:
 
 
 def report(baseline: str, per_seed_points: list[float], share: tuple = (0.6, 0.5, 0.7), seeds=None,
-           weights: str = "abc", signal: tuple[float, float] = (0.4, 0.4)) -> dict:
-    """A compare.json against `baseline` holding `trace`; share = (mean, lo, hi), None for a seed never reaching."""
+           weights: str = "abc", signal: tuple[float, float] = (0.4, 0.4), median: tuple | None = None,
+           per_seed_shares: list | None = None) -> dict:
+    """A compare.json against `baseline` holding `trace`; share = (mean, lo, hi) and median = (median, lo, hi) of
+    the per-seed shares (every seed at the mean unless given), None for a seed never reaching."""
     seeds = list(range(len(per_seed_points))) if seeds is None else seeds
     mean, lo, hi = share
+    shares = [mean] * len(seeds) if per_seed_shares is None else per_seed_shares
+    ci = {"lo": lo, "hi": hi, "per_seed": shares, "num_unreached": sum(v is None for v in shares)}
+    if median is not None:
+        ci.update(zip(("median", "median_lo", "median_hi"), median))
     row = {"success_after": 0.6, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[0],
            "diff_at_equal_tokens": diff(per_seed_points), "share_of_baseline_tokens": mean,
-           "share_of_baseline_tokens_ci": {"lo": lo, "hi": hi, "per_seed": [mean] * len(seeds),
-                                           "num_unreached": 0 if mean is not None else len(seeds)}}
+           "share_of_baseline_tokens_ci": ci}
     base = {"success_after": 0.58, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[1]}
     return {"baseline": baseline, "seeds": seeds, "methods": {baseline: base, "trace": row},
             "weights": {"weights_sha256": weights}, "regime": [{"all_fail": 0.25, "mixed": 0.5, "all_success": 0.25,
@@ -46,7 +51,7 @@ def test_a_clear_win_on_both_comparators_pays_and_meets_the_goal():
     assert result["overall"] == "trace pays for itself on this testbed"
     for c in result["comparisons"]:
         assert c["equal_tokens"]["verdict"] == "established: trace better"
-        assert c["share"]["goal_met"] and c["share"]["fewer_tokens"]
+        assert c["share"]["mean"]["goal_met"] and c["share"]["mean"]["fewer_tokens"]
 
 
 def test_holm_withholds_two_tests_that_each_pass_alone():
@@ -82,12 +87,34 @@ def test_fewer_seeds_than_planned_is_an_interim_look_even_when_it_would_pass():
 
 def test_a_share_never_reached_is_infinite_and_cannot_meet_the_goal():
     unreached = report("grpo", WIN, share=(None, None, None))
-    share = primary_verdict([unreached], Plan(planned_seeds=6))["comparisons"][0]["share"]
-    assert share["mean"] == float("inf") and not share["fewer_tokens"] and not share["goal_met"]
+    share = primary_verdict([unreached], Plan(planned_seeds=6))["comparisons"][0]["share"]["mean"]
+    assert share["estimate"] == float("inf") and not share["fewer_tokens"] and not share["goal_met"]
     assert share["verdict"].startswith("refuted: needs more than 80%")
     # a share whose interval reaches 100% is not "fewer tokens", however low the estimate
     wide = primary_verdict([report("grpo", WIN, share=(0.6, 0.3, 1.2))], Plan(planned_seeds=6))
-    assert wide["comparisons"][0]["share"]["verdict"] == "unresolved" and not wide["pays"]
+    assert wide["comparisons"][0]["share"]["mean"]["verdict"] == "unresolved" and not wide["pays"]
+
+
+def test_one_seed_that_never_reaches_sinks_the_mean_but_not_the_median():
+    """Of 30 seeds 29 reach at 60%: the registered mean is infinite (and so is its upper end), the secondary median
+    reading passes; the overall verdict follows the registered one."""
+    shares = [0.6] * 29 + [None]
+    result = primary_verdict([report("grpo", WIN * 5, share=(None, 0.9, None), median=(0.6, 0.55, 0.65),
+                                     per_seed_shares=shares)], Plan(planned_seeds=30))
+    share = result["comparisons"][0]["share"]
+    assert not share["mean"]["fewer_tokens"] and share["mean"]["estimate"] == float("inf")
+    assert share["median"]["fewer_tokens"] and share["median"]["goal_met"]
+    assert share["num_unreached"] == 1 and share["num_at_goal"] == 29
+    assert not result["pays"]
+    text = to_markdown(result)
+    assert "(median of per-seed shares, secondary) | 60% | [55%, 65%]; not reached on 1 of 30 seeds" in text
+    assert "seeds at or below a 70% share against `grpo` | 29 of 30" in text
+
+
+def test_a_report_without_median_fields_reads_the_median_without_an_interval():
+    share = primary_verdict([report("grpo", WIN)], Plan(planned_seeds=6))["comparisons"][0]["share"]["median"]
+    assert share["estimate"] == pytest.approx(0.6) and share["verdict"] == "unresolved"
+    assert "| 60% | [n/a, n/a] |" in to_markdown(primary_verdict([report("grpo", WIN)], Plan(planned_seeds=6)))
 
 
 def test_a_learning_signal_without_a_held_out_gain_is_said_so():
@@ -143,7 +170,8 @@ def test_the_reading_of_reports_written_from_run_folders(tmp_path):
     result = primary_verdict(summaries, Plan(planned_seeds=4))
     for c in result["comparisons"]:
         assert c["equal_tokens"]["verdict"] == "established: trace better"
-        assert c["share"]["fewer_tokens"] and c["share"]["mean"] < 0.7
+        assert c["share"]["mean"]["fewer_tokens"] and c["share"]["mean"]["estimate"] < 0.7
+        assert c["share"]["median"]["fewer_tokens"] and c["share"]["median"]["estimate"] < 0.7
     assert result["pays"]
 
 

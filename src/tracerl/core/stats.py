@@ -208,7 +208,8 @@ def share_to_reach(method: Success, baseline: Success) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BootstrapEstimate:
-    """A per-seed statistic pooled as the mean over seeds, with a percentile bootstrap interval."""
+    """A per-seed statistic pooled as the mean over seeds, with a percentile bootstrap interval; beside it the median
+    over seeds with its interval from the same resamples (robust where some seeds are infinite)."""
 
     mean: float
     lo: float
@@ -216,6 +217,9 @@ class BootstrapEstimate:
     per_seed: tuple[float, ...]
     num_resamples: int
     resample_questions: bool
+    median: float = float("nan")
+    median_lo: float = float("nan")
+    median_hi: float = float("nan")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "per_seed": list(self.per_seed)}
@@ -231,7 +235,11 @@ def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: S
     questions). The question draws are made first, `num_resamples` per seed, as weights on the questions, so that a
     statistic sees all of a seed's resampled curves at once ((E, R) success); each drawn seed then takes one of its
     own draws at random. An infinite per-seed value (a method that never reached) makes a mean infinite; the
-    percentiles are read without interpolation, so a bound is infinite only when that share of resamples is."""
+    percentiles are read without interpolation, so a bound is infinite only when that share of resamples is.
+
+    The median over seeds is pooled from the same resamples (no further random draw, so the mean's interval does
+    not move): it is infinite only where at least half the seeds are, so unlike the mean it does not become infinite
+    with certainty as seeds are added while a few of them never reach."""
     if not pairs:
         raise ValueError("seed_bootstrap needs at least one seed")
     for s, (a, b) in enumerate(pairs):
@@ -250,11 +258,14 @@ def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: S
             replicates[s] = statistic(a.mean(weights), b.mean(weights))
     seeds = rng.integers(len(pairs), size=(num_resamples, len(pairs)))
     columns = rng.integers(num_resamples, size=(num_resamples, len(pairs)))
-    draws = replicates[seeds, columns].mean(axis=1)  # (R,)
+    resampled = replicates[seeds, columns]  # (R, S)
+    draws = resampled.mean(axis=1)  # (R,)
     tail = (1 - level) / 2
     lo, hi = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
+    median_lo, median_hi = np.quantile(np.median(resampled, axis=1), [tail, 1 - tail], method="inverted_cdf")
     return BootstrapEstimate(float(per_seed.mean()), float(lo), float(hi), tuple(float(v) for v in per_seed),
-                             num_resamples, resample_questions)
+                             num_resamples, resample_questions, float(np.median(per_seed)),
+                             float(median_lo), float(median_hi))
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,9 @@ def _against_baseline(seed_runs: list[dict], base_runs: list[dict], base_row: di
         row[f"share_of_baseline_{axis}"] = _finite(share.mean)
         row[f"share_of_baseline_{axis}_ci"] = {"lo": _finite(share.lo), "hi": _finite(share.hi),
                                                "per_seed": [_finite(v) for v in share.per_seed],
-                                               "num_unreached": sum(not np.isfinite(v) for v in share.per_seed)}
+                                               "num_unreached": sum(not np.isfinite(v) for v in share.per_seed),
+                                               "median": _finite(share.median), "median_lo": _finite(share.median_lo),
+                                               "median_hi": _finite(share.median_hi)}
         row[f"{axis}_to_baseline"] = None if row[f"share_of_baseline_{axis}"] is None else \
             row[f"share_of_baseline_{axis}"] * base_row[axis]
     return row

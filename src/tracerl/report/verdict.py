@@ -15,7 +15,9 @@ and applies the rule fixed before the runs (benchmarks/preregistration.md):
   when the 95% t interval lies below `min_effect` (it excludes the effect worth the machinery), else *unresolved*;
 - (b): "fewer tokens" only where the bootstrap interval's upper end is below 100%; *refuted* where its lower end
   is above `max_share` (the method needs more than that share, confidently); the goal (`goal_share`, 70%) is met
-  when the estimate is at most the goal and the upper end below 100%;
+  when the estimate is at most the goal and the upper end below 100%. The registered estimate pools the per-seed
+  shares by their mean, which is infinite as soon as one seed never reaches (so with many seeds it can only pass
+  if every seed reaches); the median over seeds, from the same resamples, is read beside it as a secondary reading;
 - overall: the method pays for itself only if every (a) is established in its favour and every (b) interval
   ends below 100%; otherwise "no evidence that it pays for itself on this testbed", with the intervals;
 - a reading over fewer seeds than planned is an interim look and decides nothing: it is labelled so.
@@ -95,13 +97,8 @@ def _equal_tokens(diff: dict[str, Any], p_holm: float, plan: Plan) -> dict[str, 
             "established": established, "favours_method": established and diff["mean"] > 0, "verdict": verdict}
 
 
-def _share(row: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    """The token share s; None in the report stands for infinity (a seed whose curve never reached the target)."""
-    ci = row["share_of_baseline_tokens_ci"]
-    inf = math.inf
-    mean = row["share_of_baseline_tokens"]
-    mean, lo, hi = (inf if v is None else v for v in (mean, ci["lo"], ci["hi"]))
-    per_seed = [inf if v is None else v for v in ci["per_seed"]]
+def _share_reading(estimate: float, lo: float, hi: float, plan: Plan) -> dict[str, Any]:
+    """One pooled share with its interval, read by the rule: fewer tokens, refuted or unresolved; the goal."""
     fewer = hi < 1.0
     if fewer:
         verdict = f"fewer tokens established (upper end {_pct(hi)} < 100%)"
@@ -109,10 +106,25 @@ def _share(row: dict[str, Any], plan: Plan) -> dict[str, Any]:
         verdict = f"refuted: needs more than {plan.max_share:.0%} of the tokens (lower end {_pct(lo)})"
     else:
         verdict = "unresolved"
-    return {"mean": mean, "lo": lo, "hi": hi, "per_seed": per_seed, "num_unreached": ci["num_unreached"],
-            "median": float(np.median(per_seed)) if per_seed else inf,
-            "num_at_goal": sum(v <= plan.goal_share for v in per_seed), "fewer_tokens": fewer,
-            "goal_met": fewer and mean <= plan.goal_share, "verdict": verdict}
+    return {"estimate": estimate, "lo": lo, "hi": hi, "fewer_tokens": fewer,
+            "goal_met": fewer and estimate <= plan.goal_share, "verdict": verdict}
+
+
+def _share(row: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The token share s, pooled over seeds as the mean (registered) and as the median (secondary); None in the
+    report stands for infinity (a seed whose curve never reached the target)."""
+    ci = row["share_of_baseline_tokens_ci"]
+
+    def value(v):
+        return math.inf if v is None else v
+
+    per_seed = [value(v) for v in ci["per_seed"]]
+    median = ci.get("median", float(np.median(per_seed)) if per_seed else None)  # reports before the median: no CI
+    return {"mean": _share_reading(value(row["share_of_baseline_tokens"]), value(ci["lo"]), value(ci["hi"]), plan),
+            "median": _share_reading(value(median), value(ci.get("median_lo", math.nan)),
+                                     value(ci.get("median_hi", math.nan)), plan),
+            "per_seed": per_seed, "num_unreached": ci["num_unreached"],
+            "num_at_goal": sum(v <= plan.goal_share for v in per_seed)}
 
 
 def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
@@ -131,7 +143,7 @@ def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, An
                        base: base_row.get("informative_sampled_tokens_per_token")},
             "success_after": {plan.method: row["success_after"], base: base_row["success_after"]},
             "tokens": {plan.method: row["tokens"], base: base_row["tokens"]}})
-    pays = all(c["equal_tokens"]["favours_method"] and c["share"]["fewer_tokens"] for c in comparisons)
+    pays = all(c["equal_tokens"]["favours_method"] and c["share"]["mean"]["fewer_tokens"] for c in comparisons)
     interim = len(seeds) < plan.planned_seeds
     overall = (f"{plan.method} pays for itself on this testbed" if pays
                else f"no evidence that {plan.method} pays for itself on this testbed")
@@ -158,7 +170,7 @@ def _pts(value: float | None) -> str:
 
 
 def _pct(value: float) -> str:
-    return "infinite" if math.isinf(value) else f"{value:.0%}"
+    return "infinite" if math.isinf(value) else "n/a" if math.isnan(value) else f"{value:.0%}"
 
 
 def to_markdown(result: dict[str, Any]) -> str:
@@ -185,11 +197,14 @@ def to_markdown(result: dict[str, Any]) -> str:
                      f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {_p(d['p'])} | {_p(d['p_holm'])} | "
                      f"{d['verdict']} |")
         unreached = f"; not reached on {s['num_unreached']} of {len(s['per_seed'])} seeds" if s["num_unreached"] else ""
-        lines.append(f"| share of `{base}`'s tokens `{method}` needs to reach `{base}`'s final success | "
-                     f"{_pct(s['mean'])} (median per seed {_pct(s['median'])}) | [{_pct(s['lo'])}, {_pct(s['hi'])}]{unreached} "
-                     f"| | | {s['verdict']}; "
-                     f"goal {'met' if s['goal_met'] else 'not met'} (at most {plan['goal_share']:.0%} on "
-                     f"{s['num_at_goal']} of {len(s['per_seed'])} seeds) |")
+        for pool, what in (("mean", "mean of per-seed shares, registered"),
+                           ("median", "median of per-seed shares, secondary")):
+            r = s[pool]
+            lines.append(f"| share of `{base}`'s tokens `{method}` needs to reach `{base}`'s final success ({what}) | "
+                         f"{_pct(r['estimate'])} | [{_pct(r['lo'])}, {_pct(r['hi'])}]{unreached} | | | "
+                         f"{r['verdict']}; goal {'met' if r['goal_met'] else 'not met'} |")
+        lines.append(f"| seeds at or below a {plan['goal_share']:.0%} share against `{base}` | "
+                     f"{s['num_at_goal']} of {len(s['per_seed'])} | | | | descriptive |")
     lines += ["", "| comparator | final success, method / comparator | sampled tokens, method / comparator | "
               "informative sampled tokens / token, method / comparator | reading |", "|---|---|---|---|---|"]
     for c in result["comparisons"]:
