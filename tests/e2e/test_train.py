@@ -148,3 +148,14 @@ def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tm
     for other in deltas[1:]:
         for key, want in deltas[0].items():
             torch.testing.assert_close(other[key], want, rtol=1e-4, atol=1e-5 * scale, msg=key)
+
+
+def test_coupled_evaluation_reaches_the_engine_and_is_repeatable(tiny_overrides, tmp_path):
+    """run.eval_coupled: the trainer's evaluation samples from per-question streams (other draws than the default's),
+    and evaluating the same weights twice gives the same per-question results."""
+    plain = Trainer(_config(tiny_overrides, tmp_path, "run.eval_prompts=8", "run.eval_samples=4")).evaluate(log=False)
+    coupled = Trainer(_config(tiny_overrides, tmp_path / "c", "run.eval_prompts=8", "run.eval_samples=4",
+                              "run.eval_coupled=true"))
+    first, again = coupled.evaluate(log=False), coupled.evaluate(log=False)
+    assert first["eval/per_prompt"] == again["eval/per_prompt"]
+    assert first["eval/sampled_tokens"] != plain["eval/sampled_tokens"], "the flag did not change the draws"

@@ -239,3 +239,42 @@ def test_shared_prefix_tokens_by_hand():
              ([[1, 2, 3, 4, 5, 9], [1, 2, 8]], [1, 1], [[C(token_ids=[0])], [C(token_ids=[0])]])]
     # [1,2,3,4,5,9]: fed before [1,2,3,4] (5 was sampled, never fed) -> 4 shared; [1,2,8]: 2 shared
     assert shared_prefix_tokens(calls) == (3 + 3 + 6 + 3, 3 + 4 + 2)
+
+
+def test_coupled_samples_do_not_depend_on_the_batch_and_are_shared_by_close_policies(model):
+    """keys: sample j of prefix i draws from stream (keys[i], j) whatever else is in the call, so the same keys give
+    the same tokens alone, in a batch, reordered and in chunks; two policies close to each other sample mostly the
+    same tokens with the same keys and mostly different ones with independent draws."""
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
+    prefixes = [tokens(10, seed=40 + i) for i in range(4)]  # one length: the same padding in every batch
+    keys = [101, 102, 103, 104]
+
+    def ids(res):
+        return [[c.token_ids for c in s] for s in res]
+
+    together = ids(TransformersEngine(model).generate(prefixes, params, n=2, keys=keys))
+    alone = [ids(TransformersEngine(model).generate([p], params, n=2, keys=[k]))[0] for p, k in zip(prefixes, keys)]
+    backwards = ids(TransformersEngine(model).generate(prefixes[::-1], params, n=2, keys=keys[::-1]))[::-1]
+    chunked = ids(TransformersEngine(model, max_batch_size=3).generate(prefixes, params, n=2, keys=keys))
+    assert together == alone == backwards == chunked, "a row's coupled draws depended on the rest of the batch"
+    assert together[0][0] != together[0][1], "two samples of one prefix drew the same stream"
+    other_keys = ids(TransformersEngine(model).generate(prefixes, params, n=2, keys=[201, 202, 203, 204]))
+    assert other_keys != together
+
+    nudged = tiny_qwen3(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    with torch.no_grad():
+        for p in nudged.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    many = [tokens(10, seed=60 + i) for i in range(32)]
+    first = [[s[0] for s in r] for r in (ids(TransformersEngine(m).generate(many, params, keys=list(range(32))))
+                                       for m in (model, nudged))]
+    independent = ids(TransformersEngine(nudged).generate(many, SamplingParams(temperature=1.0, max_tokens=12,
+                                                                              seed=9)))
+    coupled_agree = np.mean([a[0] == b[0] for a, b in zip(*first)])
+    independent_agree = np.mean([a[0] == b[0][0] for a, b in zip(first[0], independent)])
+    assert coupled_agree >= 0.8 > 0.3 >= independent_agree, (coupled_agree, independent_agree)
+
+
+def test_keys_must_be_one_per_prefix(model):
+    with pytest.raises(ValueError, match="one key per prefix"):
+        TransformersEngine(model).generate([[1, 2], [3]], SamplingParams(seed=0), keys=[1])

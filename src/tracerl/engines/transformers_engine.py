@@ -17,6 +17,9 @@ before top-p truncation (what a trainer recomputes with the same temperature; vL
 its V1 default `raw_logprobs` reports `log_softmax(logits)` instead). At temperature 0 (greedy) they are
 `log_softmax(logits)`.
 
+Coupled sampling (`generate(..., keys=...)`, `tracerl.io.engine`): each row draws from its own counter-based stream
+instead of the call's generator, so its draws do not depend on the rest of the batch.
+
 What it does not do: text, chat templates or EOS handling (only `stop_token_ids` end a sample); sliding-window,
 hybrid or recurrent-state models (refused at construction); paged memory. Cached keys/values are dropped when
 the model's weights change in place (optimizer step, `load_state_dict`); call `clear_cache()` after any other
@@ -35,7 +38,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.engine import Completion, SamplingParams, stream_key, stream_uniforms
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (H, T, D) for one sequence
 
@@ -160,13 +163,14 @@ class KVStore:
         self.num_tokens = 0
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                uniforms: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens (B,) and their logprobs (B,) from logits (B, V).
 
-    T = 0: argmax, logprob `log_softmax(logits)`. T > 0: inverse-CDF sampling (one uniform draw per row) from
-    `softmax(logits / T)` truncated to the top-p nucleus (smallest set of most likely tokens whose mass reaches
-    top_p); logprob `log_softmax(logits / T)` of the sampled token, not renormalised over the nucleus.
+    T = 0: argmax, logprob `log_softmax(logits)`. T > 0: inverse-CDF sampling (one uniform draw per row: from
+    `generator`, or the given (B,) `uniforms` of coupled sampling) from `softmax(logits / T)` truncated to the top-p
+    nucleus (smallest set of most likely tokens whose mass reaches top_p); logprob `log_softmax(logits / T)` of the
+    sampled token, not renormalised over the nucleus.
     """
     logits = logits.float()  # (B, V)
     if params.temperature == 0:
@@ -179,7 +183,10 @@ def sample_next(logits: torch.Tensor, params: SamplingParams,
         probs, order = probs.sort(-1, descending=True)  # (B, V)
         probs = probs * ((probs.cumsum(-1) - probs) < params.top_p)  # keep while the mass before a token < top_p
     cdf = probs.cumsum(-1)  # (B, V), non-decreasing
-    u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+    if uniforms is None:
+        u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+    else:
+        u = torch.from_numpy(uniforms).to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]  # (B, 1)
     # first index with cdf > u, but never past the last token of non-zero probability (u may round up to the total)
     last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())  # (B, 1)
     idx = torch.minimum(torch.searchsorted(cdf, u, right=True), last)  # (B, 1)
@@ -267,13 +274,19 @@ class TransformersEngine:
 
     # ---- the Engine protocol -------------------------------------------------------------------------------------
 
+    supports_keys = True  # coupled sampling: generate(..., keys=...), see tracerl.io.engine
+
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
-                 n: int | Sequence[int] = 1) -> list[list[Completion]]:
-        """For each prefix, n (or n[i]) sampled continuations; see the module docstring for logprobs."""
+                 n: int | Sequence[int] = 1, keys: Sequence[int] | None = None) -> list[list[Completion]]:
+        """For each prefix, n (or n[i]) sampled continuations; see the module docstring for logprobs. With `keys`
+        (one int per prefix), sample j of prefix i draws from the stream `stream_key(keys[i], j)` instead of the
+        call's generator (coupled sampling, `tracerl.io.engine`)."""
         arrays = [self._check_prefix(i, p, params) for i, p in enumerate(prefixes)]
         counts = [n] * len(arrays) if isinstance(n, int) else [int(c) for c in n]
         if len(counts) != len(arrays) or any(c < 0 for c in counts):
             raise ValueError(f"n={n!r} must be an int >= 0 or one count >= 0 per prefix ({len(arrays)} prefixes)")
+        if keys is not None and len(keys) != len(arrays):
+            raise ValueError(f"keys has {len(keys)} entries for {len(arrays)} prefixes; give one key per prefix")
         version = self._read_weights_version()
         if version != self._weights_version:
             self.store.clear()
@@ -287,11 +300,15 @@ class TransformersEngine:
         else:
             generator.manual_seed(params.seed)
         rows = [i for i, c in enumerate(counts) for _ in range(c)]
+        streams = None if keys is None else \
+            np.array([stream_key(keys[i], j) for i, c in enumerate(counts) for j in range(c)], dtype=np.uint64)
         results: list[list[Completion]] = [[] for _ in arrays]
         with torch.inference_mode(), _eval_mode(self.model):
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start: start + self.max_batch_size]
-                for i, completion in zip(chunk, self._generate_rows([arrays[i] for i in chunk], params, generator)):
+                own = None if streams is None else streams[start: start + self.max_batch_size]
+                for i, completion in zip(chunk, self._generate_rows([arrays[i] for i in chunk], params, generator,
+                                                                     own)):
                     results[i].append(completion)
         self._sync_store_stats()
         return results
@@ -310,8 +327,8 @@ class TransformersEngine:
 
     # ---- one chunk of rows: prefill distinct prefixes, copy rows per sample, decode ------------------------------
 
-    def _generate_rows(self, prefixes: list[np.ndarray], params: SamplingParams,
-                       generator: torch.Generator) -> list[Completion]:
+    def _generate_rows(self, prefixes: list[np.ndarray], params: SamplingParams, generator: torch.Generator,
+                       streams: np.ndarray | None = None) -> list[Completion]:
         if self.reuse_kv:  # samples of one prefix share its prefill
             distinct: dict[bytes, int] = {}
             row_to_prefix = [distinct.setdefault(p.tobytes(), len(distinct)) for p in prefixes]
@@ -336,7 +353,8 @@ class TransformersEngine:
         stops = set(params.stop_token_ids)
         length = cache.get_seq_length()
         for step in range(params.max_tokens):
-            tokens, logprobs = sample_next(logits, params, generator)  # (B,), (B,)
+            uniforms = None if streams is None else stream_uniforms(streams[live], step)  # (B,) coupled draws
+            tokens, logprobs = sample_next(logits, params, generator, uniforms)  # (B,), (B,)
             keep = []
             for b, (r, t, lp) in enumerate(zip(live, tokens.tolist(), logprobs.tolist())):
                 out_tokens[r].append(t)

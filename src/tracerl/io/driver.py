@@ -17,6 +17,12 @@ Text the environment inserts cannot forge the chat template: every observation g
 the first character of every added or special token of the tokenizer (`<|im_end|>`, `<|im_start|>`,
 `</tool_response>`, ...) before encoding, so it is encoded as plain text, never as the control token (counted in
 `rollout/neutralised_special_tokens`).
+
+With `coupled=True` (held-out evaluation, `run.eval_coupled`) every rollout samples from its own stream, keyed by
+(seed, the question's index in the pool, the anchor node, the sample's index, the turn) and passed to the engine as
+`keys` (coupled sampling, `tracerl.io.engine`): two policies evaluated on the same questions with the same seed then
+draw the same random numbers for the same rollout and turn, never depending on how calls were batched. Two
+rollouts of one question get different streams even when their histories coincide.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any, Sequence
 from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.chat import ChatRenderer, neutralise, special_token_pattern
-from tracerl.io.engine import Engine, SamplingParams
+from tracerl.io.engine import Engine, SamplingParams, stream_key
 from tracerl.io.env import EpisodeError, StepResult
 
 @dataclass(frozen=True)
@@ -51,11 +57,20 @@ class _Active:
     prefix: list[int]  # exact token ids of the prefix ending at node_id
     origin: str
     anchor: int  # the node this rollout started from
+    stream: int = 0  # coupled sampling: this rollout's own stream key
+    turns: int = 0  # policy turns sampled so far (coupled sampling keys each turn)
 
 
 class ReActDriver:
     def __init__(self, engine: Engine, renderer: ChatRenderer, domain: Any, *,
-                 sampling: SamplingParams = SamplingParams(), limits: DriverLimits = DriverLimits()):
+                 sampling: SamplingParams = SamplingParams(), limits: DriverLimits = DriverLimits(),
+                 coupled: bool = False):
+        if coupled and not getattr(engine, "supports_keys", False):
+            raise ValueError(f"coupled sampling needs an engine that takes per-prefix keys (TransformersEngine); "
+                             f"{type(engine).__name__} does not: turn run.eval_coupled off")
+        if coupled and sampling.seed is None:
+            raise ValueError("coupled sampling needs a sampling seed (its streams are keyed by it)")
+        self.coupled = coupled
         self.engine, self.renderer, self.domain, self.limits = engine, renderer, domain, limits
         self.sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                                        max_tokens=limits.max_tokens_per_turn,
@@ -121,11 +136,14 @@ class ReActDriver:
         # first turn: one engine call, n samples per anchor (they share the anchor's prefix)
         pending: list[tuple[_Active, Any]] = []
         if groups:
-            outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups])
-            for ((env, prefix), tree, node_id, k), completions in zip(groups, outs):
+            keys = [stream_key(self.sampling.seed or 0, tree.meta["pool_index"], node_id) for _, tree, node_id, _ in groups]
+            outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups], keys)
+            for ((env, prefix), tree, node_id, k), key, completions in zip(groups, keys, outs):
                 for j, completion in enumerate(completions):
                     own_env = env if j == k - 1 else self._copy_env(tree, node_id)
-                    pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id), completion))
+                    # the engine drew sample j from stream_key(key, j): the rollout's own stream from here on
+                    pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id, stream_key(key, j), 1),
+                                    completion))
         while pending:
             for rollout, completion in pending:  # an environment may start slow work (a reward) for all at once
                 prefetch = getattr(rollout.env, "prefetch", None)
@@ -138,7 +156,10 @@ class ReActDriver:
                     active.append(rollout)
             if not active:
                 break
-            outs = self._generate([r.prefix for r in active], [1] * len(active))
+            outs = self._generate([r.prefix for r in active], [1] * len(active),
+                                  [stream_key(r.stream, r.turns) for r in active])
+            for r in active:
+                r.turns += 1
             pending = [(r, c[0]) for r, c in zip(active, outs)]
         return num_sampled
 
@@ -148,8 +169,11 @@ class ReActDriver:
         fresh.restore(self._snapshots[(id(tree), node_id)])
         return fresh
 
-    def _generate(self, prefixes: list[list[int]], counts: list[int]):
+    def _generate(self, prefixes: list[list[int]], counts: list[int], keys: list[int]):
+        """One engine call; `keys` (one per prefix) are passed only when sampling is coupled."""
         self._calls += 1
+        if self.coupled:
+            return self.engine.generate(prefixes, self.sampling, counts, keys=keys)
         params = self.sampling if self.sampling.seed is None else \
             SamplingParams(self.sampling.temperature, self.sampling.top_p, self.sampling.max_tokens,
                            self.sampling.stop_token_ids, self.sampling.seed + self._calls)

@@ -2,12 +2,22 @@
 
 Engines know nothing about text, chat templates or tools (the rollout driver is the only code that
 tokenizes). A branch never re-tokenizes: the tree stores the exact ids and logprobs returned here.
+
+Coupled sampling (optional, `generate(..., keys=...)`): one key per prefix, and sample j of prefix i draws its
+random numbers from the stream `stream_key(keys[i], j)`, one uniform per generated position (`stream_uniforms`),
+whatever else is in the batch. Two policies sampled with the same keys then draw the same random numbers, so where
+their distributions agree they sample the same tokens (common random numbers): the difference of their success on
+the same questions carries less sampling noise than with independent draws. The keys are counter-based (splitmix64),
+so a row's draws do not depend on the batch size, the order of the prefixes or the other rows. An engine that takes
+`keys` says so with `supports_keys = True`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol, Sequence
+
+import numpy as np
 
 # the smallest sampling temperature an engine serves (above 0, which is greedy): logits / T below it overflows float32
 # and the logprobs the trainer scores would not be the ones sampled; `tracerl serve` and `VLLMEngine` refuse smaller
@@ -39,7 +49,35 @@ class Completion:
 class Engine(Protocol):
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
                  n: int | Sequence[int] = 1) -> list[list[Completion]]:
-        """For each prefix, `n` (or n[i]) sampled continuations. Batched over all prefixes."""
+        """For each prefix, `n` (or n[i]) sampled continuations. Batched over all prefixes. An engine with
+        `supports_keys = True` also takes `keys=` (one int per prefix) for coupled sampling (module docstring)."""
+
+
+_MASK = (1 << 64) - 1
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def stream_key(*parts: int) -> int:
+    """A 64-bit key from integers (splitmix64 folded over them): `stream_key(seed, question, sample, turn)`.
+    Different parts give unrelated keys; the same parts always the same key."""
+    h = _GOLDEN
+    for part in parts:
+        z = ((h ^ (int(part) & _MASK)) + _GOLDEN) & _MASK
+        z = ((z ^ (z >> 30)) * _MIX1) & _MASK
+        z = ((z ^ (z >> 27)) * _MIX2) & _MASK
+        h = z ^ (z >> 31)
+    return h
+
+
+def stream_uniforms(keys: np.ndarray, position: int) -> np.ndarray:
+    """(B,) uint64 stream keys -> (B,) float64 uniforms in [0, 1), the `position`-th draw of each stream (splitmix64
+    of key + (position + 1) * golden ratio; 53 bits)."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
+        z = keys.astype(np.uint64) + np.uint64(((position + 1) * _GOLDEN) & _MASK)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def check_request(prefixes: Sequence[Sequence[int]], n: int | Sequence[int]) -> tuple[list[list[int]], list[int]]:

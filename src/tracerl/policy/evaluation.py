@@ -21,8 +21,10 @@ from tracerl.io.engine import SamplingParams
 
 def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, limits: DriverLimits,
                   rows: Sequence[dict[str, Any]], samples_per_prompt: int = 4, temperature: float = 1.0,
-                  seed: int = 0, max_batch_size: int = 64) -> dict[str, Any]:
-    """avg@k success on `rows`, k = samples_per_prompt.
+                  seed: int = 0, max_batch_size: int = 64, coupled: bool = False) -> dict[str, Any]:
+    """avg@k success on `rows`, k = samples_per_prompt; with `coupled`, every sample from its own stream keyed by
+    (seed, question, sample, turn) (`tracerl.io.driver`), so two policies evaluated on the same rows and seed draw
+    the same random numbers and the draws do not depend on `max_batch_size`.
 
     success = mean over prompts of the prompt's mean reward; success_se = std over prompts / sqrt(num_prompts)
     (the prompts are the independent draws; 0 when there is one prompt). `eval/per_prompt` lists each prompt's
@@ -31,7 +33,7 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
     success rate of 0 from a broken reward does not pass for a policy that learned nothing."""
     engine = TransformersEngine(model, max_batch_size=max_batch_size)
     driver = ReActDriver(engine, renderer, domain, limits=limits,
-                         sampling=SamplingParams(temperature=temperature, seed=seed))
+                         sampling=SamplingParams(temperature=temperature, seed=seed), coupled=coupled)
     driver.set_rows(rows)
     started = time.perf_counter()
     trees, num_sampled = driver.run_roots(list(range(len(rows))), [samples_per_prompt] * len(rows))

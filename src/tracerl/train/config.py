@@ -47,6 +47,7 @@ class RunConfig:
     eval_prompts: int = knob(128, ge=2)  # held-out questions per evaluation (more = smaller standard error, slower)
     eval_samples: int = knob(4, ge=1)  # samples per held-out question (avg@k)
     eval_temperature: float = knob(1.0, ge=0)  # sampling temperature of the evaluation (0 = greedy)
+    eval_coupled: bool = False  # coupled evaluation: each question's samples draw from streams keyed by (seed, question, sample, turn), the same for every method of a seed, so differences between methods carry less sampling noise (docs/training.md)
     checkpoint_every: int = knob(1, ge=1)  # write a checkpoint every N steps (and after the last); a resume restarts there
     num_threads: int = knob(1, ge=0)  # torch CPU threads (0 = torch's default); one is fastest for the tiny model on 2 cores
     tensorboard: bool = True  # also write TensorBoard event files (needs tensorboardX)

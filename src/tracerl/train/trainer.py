@@ -267,7 +267,7 @@ class Trainer:
         cfg = self.config.run
         result = evaluate_rows(self.model, self.policy.renderer, self.policy.domain, self.policy.limits,
                                self.eval_rows, cfg.eval_samples, cfg.eval_temperature, seed=cfg.seed,
-                               max_batch_size=self.config.policy.max_batch_size)
+                               max_batch_size=self.config.policy.max_batch_size, coupled=cfg.eval_coupled)
         result["rollout/cum_units"] = self.totals["units"]
         result["rollout/cum_tokens"] = self.totals["tokens"]
         return self.log.write("eval", self.step, result) if log else {"step": self.step, "kind": "eval", **result}
