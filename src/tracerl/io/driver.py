@@ -136,7 +136,8 @@ class ReActDriver:
         # first turn: one engine call, n samples per anchor (they share the anchor's prefix)
         pending: list[tuple[_Active, Any]] = []
         if groups:
-            keys = [stream_key(self.sampling.seed or 0, tree.meta["pool_index"], node_id) for _, tree, node_id, _ in groups]
+            seed = self.sampling.seed or 0  # coupled sampling always has one (checked at construction)
+            keys = [stream_key(seed, tree.meta["pool_index"], node_id) for _, tree, node_id, _ in groups]
             outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups], keys)
             for ((env, prefix), tree, node_id, k), key, completions in zip(groups, keys, outs):
                 for j, completion in enumerate(completions):

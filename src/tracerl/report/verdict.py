@@ -177,8 +177,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     method, plan = result["method"], result["plan"]
     lines = [f"# Primary analysis: `{method}`", "",
              f"**{result['overall']}.**", "",
-             f"Seeds: {len(result['seeds'])} of {result['planned_seeds']} planned ({', '.join(map(str, result['seeds']))}); "
-             f"starting weights sha256 {str(result['weights_sha256'])[:16]}."]
+             f"Seeds: {len(result['seeds'])} of {result['planned_seeds']} planned "
+             f"({', '.join(map(str, result['seeds']))}); starting weights sha256 {str(result['weights_sha256'])[:16]}."]
     if result["regime"]:
         r = result["regime"]
         lines.append(f"Regime (the comparator's first batch, pooled over seeds): all-fail {r['all_fail']:.1%}, "

@@ -12,8 +12,8 @@ once per seed and shared. With `jobs` > 1 the runs go to that many worker proces
 the sequential loop; each run then makes its own step-0 evaluation (the same numbers: same policy, questions and seed),
 and a run that fails is reported at the end without stopping the others. A run another process is training (an
 overlapping invocation on the same folder: `tracerl.io.runlog.run_lock`) is skipped with a message, so two
-invocations over the same seeds share the work instead of interleaving one run's steps. The report itself (paired differences,
-equal-token reading, plots) is `tracerl.report.compare`.
+invocations over the same seeds share the work instead of interleaving one run's steps. The report itself (paired
+differences, equal-token reading, plots) is `tracerl.report.compare`.
 
 Before a run's first step its starting weights are hashed and recorded with the machine in `<run>/provenance.json`
 (`tracerl.policy.embedded.run_provenance`); the report refuses to pair runs whose starting weights differ. A run
