@@ -103,6 +103,8 @@ def test_status_counts_complete_running_and_waiting_runs_and_estimates_the_rest(
     # left: half of grpo seed 2, grpo 3 and 5, trace 1, 2, 3 and 5 = 6.5 runs of 600 s, 2 at a time
     assert text.startswith("3 of 10 runs complete; about 0.5 h left at 2 run(s) at a time (median complete run "
                            "10.0 min")
+    assert compare_status("grpo", [3, 5], tmp_path, overrides=["run.num_steps=4"]).startswith(
+        "0 of 2 runs complete; no complete run yet to estimate the time left from.")
 
 
 def test_a_run_another_process_trains_is_skipped_and_a_second_train_is_refused(tiny_overrides, tmp_path, capsys):

@@ -210,6 +210,8 @@ def compare_status(methods: str, seeds: Sequence[int], out: str | Path, *, confi
         per_run = float(np.median(seconds))
         summary += (f"; about {left * per_run / jobs / 3600:.1f} h left at {jobs} run(s) at a time (median complete "
                     f"run {per_run / 60:.1f} min, steps and evaluations as logged)")
+    elif left:
+        summary += "; no complete run yet to estimate the time left from"
     return "\n".join([f"{summary}.", "", "| entry | complete | in progress | not begun |", "|---|---|---|---|", *rows])
 
 
