@@ -187,7 +187,8 @@ def to_markdown(result: dict[str, Any]) -> str:
               f"family-wise level {plan['alpha']}; refuted where the 95% interval excludes the effect worth the "
               f"machinery (+{100 * plan['min_effect']:.1f} points, or a token share of {plan['max_share']:.0%}); "
               f"\"fewer tokens\" only where the share's bootstrap interval ends below 100%; the goal is a share of at "
-              f"most {plan['goal_share']:.0%} with that interval below 100%.", "",
+              f"most {plan['goal_share']:.0%} with that interval below 100%. The share is pooled over seeds by its mean "
+              f"(registered: the overall line reads it) and by its median (a secondary reading).", "",
               f"| question | estimate [95% t CI] | [95% bootstrap CI] | p | p (Holm) | verdict |",
               "|---|---|---|---|---|---|"]
     for c in result["comparisons"]:
@@ -199,10 +200,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         unreached = f"; not reached on {s['num_unreached']} of {len(s['per_seed'])} seeds" if s["num_unreached"] else ""
         for pool, what in (("mean", "mean of per-seed shares, registered"),
                            ("median", "median of per-seed shares, secondary")):
-            r = s[pool]
+            reading = s[pool]
             lines.append(f"| share of `{base}`'s tokens `{method}` needs to reach `{base}`'s final success ({what}) | "
-                         f"{_pct(r['estimate'])} | [{_pct(r['lo'])}, {_pct(r['hi'])}]{unreached} | | | "
-                         f"{r['verdict']}; goal {'met' if r['goal_met'] else 'not met'} |")
+                         f"{_pct(reading['estimate'])} | [{_pct(reading['lo'])}, {_pct(reading['hi'])}]{unreached} "
+                         f"| | | {reading['verdict']}; goal {'met' if reading['goal_met'] else 'not met'} |")
         lines.append(f"| seeds at or below a {plan['goal_share']:.0%} share against `{base}` | "
                      f"{s['num_at_goal']} of {len(s['per_seed'])} | | | | descriptive |")
     lines += ["", "| comparator | final success, method / comparator | sampled tokens, method / comparator | "
