@@ -136,15 +136,15 @@ class ReActDriver:
         # first turn: one engine call, n samples per anchor (they share the anchor's prefix)
         pending: list[tuple[_Active, Any]] = []
         if groups:
-            seed = self.sampling.seed or 0  # coupled sampling always has one (checked at construction)
-            keys = [stream_key(seed, tree.meta["pool_index"], node_id) for _, tree, node_id, _ in groups]
+            keys = [stream_key(self.sampling.seed, tree.meta["pool_index"], node_id) if self.coupled else 0
+                    for _, tree, node_id, _ in groups]  # coupled sampling only; the seed was checked at construction
             outs = self._generate([prefix for (_, prefix), *_ in groups], [k for *_, k in groups], keys)
             for ((env, prefix), tree, node_id, k), key, completions in zip(groups, keys, outs):
                 for j, completion in enumerate(completions):
                     own_env = env if j == k - 1 else self._copy_env(tree, node_id)
                     # the engine drew sample j from stream_key(key, j): the rollout's own stream from here on
-                    pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id, stream_key(key, j), 1),
-                                    completion))
+                    stream = stream_key(key, j) if self.coupled else 0
+                    pending.append((_Active(tree, node_id, own_env, prefix, origin, node_id, stream, 1), completion))
         while pending:
             for rollout, completion in pending:  # an environment may start slow work (a reward) for all at once
                 prefetch = getattr(rollout.env, "prefetch", None)
@@ -157,8 +157,8 @@ class ReActDriver:
                     active.append(rollout)
             if not active:
                 break
-            outs = self._generate([r.prefix for r in active], [1] * len(active),
-                                  [stream_key(r.stream, r.turns) for r in active])
+            keys = [stream_key(r.stream, r.turns) for r in active] if self.coupled else []
+            outs = self._generate([r.prefix for r in active], [1] * len(active), keys)
             for r in active:
                 r.turns += 1
             pending = [(r, c[0]) for r, c in zip(active, outs)]

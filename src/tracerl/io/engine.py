@@ -57,26 +57,28 @@ _MASK = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's output mix of uint64 values (wrapping arithmetic, as splitmix64 intends)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        return z ^ (z >> np.uint64(31))
+
+
 def stream_key(*parts: int) -> int:
     """A 64-bit key from integers (splitmix64 folded over them): `stream_key(seed, question, sample, turn)`.
     Different parts give unrelated keys; the same parts always the same key."""
     h = _GOLDEN
     for part in parts:
-        z = ((h ^ (int(part) & _MASK)) + _GOLDEN) & _MASK
-        z = ((z ^ (z >> 30)) * _MIX1) & _MASK
-        z = ((z ^ (z >> 27)) * _MIX2) & _MASK
-        h = z ^ (z >> 31)
+        h = int(_splitmix(np.array([((h ^ (int(part) & _MASK)) + _GOLDEN) & _MASK], dtype=np.uint64))[0])
     return h
 
 
 def stream_uniforms(keys: np.ndarray, position: int) -> np.ndarray:
     """(B,) uint64 stream keys -> (B,) float64 uniforms in [0, 1), the `position`-th draw of each stream (splitmix64
     of key + (position + 1) * golden ratio; 53 bits)."""
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
-        z = keys.astype(np.uint64) + np.uint64(((position + 1) * _GOLDEN) & _MASK)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-        z = z ^ (z >> np.uint64(31))
+    with np.errstate(over="ignore"):
+        z = _splitmix(keys.astype(np.uint64) + np.uint64(((position + 1) * _GOLDEN) & _MASK))
     return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
