@@ -203,8 +203,11 @@ def test_the_call_waits_for_a_process_that_is_slow_to_die(spawned):  # noqa: F81
 def test_the_call_returns_only_when_every_process_is_gone(spawned):  # noqa: F811
     """Killed by the clock while many threads run and much memory is mapped: nothing of it may still run when
     run_python returns (a fixed settle time after the kill is not enough on a loaded host)."""
+    # The threads spin without allocating: a thread that grew a list raced the clock to the memory limit, and
+    # on some hosts the memory limit ended the program first.
     code = ("import threading\nthreading.stack_size(1 << 16)\nx = bytearray(200 << 20)\n"
-            "for _ in range(40):\n    threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\n"
+            "def spin():\n    while True:\n        pass\n"
+            "for _ in range(40):\n    threading.Thread(target=spin).start()\n"
             "while True:\n    pass\n")
     for _ in range(3):
         result = run_python(code, SandboxLimits(wall_seconds=1.0, memory_mb=512), _disable=HOOK_OFF)
