@@ -15,7 +15,7 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
                  "run.tensorboard=false"]
     report = run_compare(["grpo", "trace"], [0], tmp_path, overrides=overrides, say=lambda m: None)
     lines = [line for line in report.splitlines() if line.startswith("| grpo") or line.startswith("| trace")]
-    assert len(lines) == 3 and "tracerl compare --methods grpo,trace --seeds 0-0 " in report  # trace: 2 tables
+    assert len(lines) == 4 and "tracerl compare --methods grpo,trace --seeds 0-0 " in report  # trace: 3 tables
     summary = json.loads((tmp_path / "compare.json").read_text())
     budget = 4 * 4  # allocation.num_prompts x rollouts_per_prompt in tiny_overrides
     for method in ("grpo", "trace"):
@@ -26,6 +26,9 @@ def test_compare_writes_table_plots_and_shares_the_initial_evaluation(tiny_overr
     assert first[0]["eval/per_prompt"] == first[1]["eval/per_prompt"]
     assert summary["methods"]["grpo"]["share_of_baseline_tokens"] <= 1 + 1e-9  # grpo reaches its own final success
     assert summary["methods"]["trace"]["informative_rollouts_per_budget"] is not None  # logged by every step
+    signal = summary["methods"]["trace"]["signal_vs_baseline"]  # one seed: a reading, no interval
+    assert signal["informative_sampled_tokens_per_token"]["mean"] is not None
+    assert signal["tokens_per_unit_ratio"]["lo"] is None
     assert summary["regime"] and summary["regime"][0]["num_prompts"] == 4
     for name in ("compare.md", "accuracy_vs_tokens.png", "accuracy_vs_units.png", "informative_per_unit.png"):
         assert (tmp_path / name).stat().st_size > 0

@@ -217,3 +217,23 @@ def test_the_resolution_line_measures_the_spread_of_one_question_alone_and_paire
     assert res["sd_per_question"] > 4 * res["sd_paired_per_question"]
     assert res["paired_questions_for_target"] < res["questions_for_target"]
     assert res["eval_steps"] == [0, 2]
+
+
+def test_where_the_tokens_went_is_read_per_seed_with_an_interval(tmp_path):
+    # trace samples 10% more tokens per unit than grpo and logs 0.05 more informative units per unit on every seed
+    # but the last, where it logs 0.05 fewer: the interval over seeds must hold that spread, not the pooled means'
+    for seed, extra in enumerate((0.1, 0.1, 0.1, -0.1)):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 1000, informative=0.5)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * 2, 2: [0.4] * 2}, 1100, informative=0.5 + extra)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1, 2, 3])
+    summary = summarize(runs, "grpo", kept)
+    signal = summary["methods"]["trace"]["signal_vs_baseline"]
+    assert signal["tokens_per_unit_ratio"]["per_seed"] == pytest.approx([0.1] * 4)
+    units = signal["informative_units_per_unit"]
+    assert units["per_seed"] == pytest.approx([0.05, 0.05, 0.05, -0.05])
+    assert units["mean"] == pytest.approx(0.025) and units["lo"] < 0 < units["hi"] and 0.05 < units["p"] < 1
+    assert signal["informative_sampled_tokens_per_token"]["mean"] is None  # not logged: no reading, not zero
+    text = to_markdown({**summary, "weights": None}, "cmd")
+    row = [line for line in text.splitlines() if line.startswith("| trace")][-1]  # the last table: the signal
+    assert "+10.0% [+10.0, +10.0]" in row and "| - |" in row and "+0.025 [" in row
+    json.dumps(summary, allow_nan=False)  # the report's JSON holds no NaN

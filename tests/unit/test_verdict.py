@@ -24,7 +24,7 @@ def diff(per_seed_points: list[float]) -> dict:
 
 def report(baseline: str, per_seed_points: list[float], share: tuple = (0.6, 0.5, 0.7), seeds=None,
            weights: str = "abc", signal: tuple[float, float] = (0.4, 0.4), median: tuple | None = None,
-           per_seed_shares: list | None = None) -> dict:
+           per_seed_shares: list | None = None, signal_diff: tuple | None = None) -> dict:
     """A compare.json against `baseline` holding `trace`; share = (mean, lo, hi) and median = (median, lo, hi) of
     the per-seed shares (every seed at the mean unless given), None for a seed never reaching."""
     seeds = list(range(len(per_seed_points))) if seeds is None else seeds
@@ -36,6 +36,10 @@ def report(baseline: str, per_seed_points: list[float], share: tuple = (0.6, 0.5
     row = {"success_after": 0.6, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[0],
            "diff_at_equal_tokens": diff(per_seed_points), "share_of_baseline_tokens": mean,
            "share_of_baseline_tokens_ci": ci}
+    if signal_diff is not None:  # (mean, lo, hi) of the per-seed difference in informative sampled tokens / token
+        row["signal_vs_baseline"] = {
+            "informative_sampled_tokens_per_token": dict(zip(("mean", "lo", "hi"), signal_diff)),
+            "tokens_per_unit_ratio": {"mean": 0.04, "lo": 0.02, "hi": 0.06}}
     base = {"success_after": 0.58, "tokens": 1000.0, "informative_sampled_tokens_per_token": signal[1]}
     return {"baseline": baseline, "seeds": seeds, "methods": {baseline: base, "trace": row},
             "weights": {"weights_sha256": weights}, "regime": [{"all_fail": 0.25, "mixed": 0.5, "all_success": 0.25,
@@ -117,10 +121,17 @@ def test_a_report_without_median_fields_reads_the_median_without_an_interval():
     assert "| 60% | [n/a, n/a] |" in to_markdown(primary_verdict([report("grpo", WIN)], Plan(planned_seeds=6)))
 
 
-def test_a_learning_signal_without_a_held_out_gain_is_said_so():
-    text = to_markdown(primary_verdict([report("grpo", [3.0, -2.5, 1.0, -1.5, 2.0, -0.5], signal=(0.5, 0.3))],
-                                       Plan(planned_seeds=6)))
-    assert "the signal was not what limited learning" in text
+@pytest.mark.parametrize("signal_diff, reading", [
+    ((0.2, 0.1, 0.3), "the signal was not what limited learning"),
+    ((0.2, -0.1, 0.5), "not distinguishable"),  # the means favour the method; the interval does not
+    ((-0.02, -0.03, -0.01), "its tokens went where fewer carried a gradient"),
+    (None, "no per-seed interval in this report"),  # a report before the per-seed reading: nothing off the means
+])
+def test_the_learning_signal_is_read_off_its_per_seed_interval(signal_diff, reading):
+    text = to_markdown(primary_verdict([report("grpo", [3.0, -2.5, 1.0, -1.5, 2.0, -0.5], signal=(0.5, 0.3),
+                                               signal_diff=signal_diff)], Plan(planned_seeds=6)))
+    assert reading in text
+    assert ("+4.0 [+2.0, +6.0]" in text) == (signal_diff is not None)
 
 
 @pytest.mark.parametrize("reports, message", [

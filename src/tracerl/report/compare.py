@@ -15,6 +15,8 @@ per-step budget, data order and held-out questions. This module only reads those
     each seed's own curves (`tracerl.core.stats.share_to_reach`) and pooled as the mean over seeds, with a
     bootstrap interval over seeds and questions. Never read off the seed-mean curve: with a few evaluation points
     that reading is an artefact of where the points fall.
+  - where the tokens went, per seed (exploratory): the ratio of sampled tokens per unit and the differences of the
+    learning-signal measures, each run's mean over its steps, with a t interval over seeds.
 - the regime: the share of all-fail / mixed / all-success prompts in the baseline's first step, when the baseline
   samples a fixed n per prompt (GRPO: its first batch is a sample of the starting policy's regime);
 - the evaluation's resolution: the spread of one question's avg@k success, the standard error of one evaluation
@@ -48,6 +50,7 @@ from tracerl.core.stats import (
     paired_difference,
     paired_t_pvalue,
     seed_bootstrap,
+    seed_mean,
     share_to_reach,
 )
 from tracerl.io.runlog import read_metrics, read_trees
@@ -56,6 +59,7 @@ Say = Callable[[str], None]
 INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
                "informative_rollouts_per_budget", "informative_rollouts_per_ktoken", "informative_tokens_per_token")
 ALLOCATION = ("effective_ratio", "mixed_trees_per_budget")
+SIGNAL_DIFFS = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
 PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer above torch's)
 TARGET_POINT_SE = 0.025  # the standard error of one evaluation point the report sizes the question count for
 NUM_RESAMPLES = 2000  # bootstrap resamples per interval
@@ -180,6 +184,34 @@ def _train_mean(seed_runs: list[dict], key: str) -> float | None:
     return float(np.nanmean(values)) if values else None
 
 
+def _run_mean(run: dict[str, Any], key: str) -> float:
+    """One run's mean over its steps of a logged train measure (nan where it logged none)."""
+    values = [r[key] for r in run["train"] if r.get(key) is not None]
+    return float(np.nanmean(values)) if values else float("nan")
+
+
+def _tokens_per_unit(run: dict[str, Any]) -> float:
+    last = run["train"][-1]
+    return last["rollout/cum_tokens"] / last["rollout/cum_units"] if last["rollout/cum_units"] else float("nan")
+
+
+def _signal_against_baseline(seed_runs: list[dict], base_runs: list[dict]) -> dict[str, Any]:
+    """Where the method's tokens went, against the baseline and per seed: the ratio of sampled tokens per budget
+    unit, and the difference of each learning-signal measure (each run's mean over its steps), each with a t
+    interval over seeds and a paired t-test's p. Exploratory: it says why a held-out difference is what it is."""
+    def interval(values: list[float]) -> dict[str, Any]:
+        est = seed_mean(values, test=True)
+        return {"mean": _finite(est.mean), "lo": _finite(est.lo), "hi": _finite(est.hi), "p": _finite(est.p_value),
+                "per_seed": list(est.per_seed)}
+
+    ratio = [_tokens_per_unit(m) / _tokens_per_unit(b) - 1.0 for m, b in zip(seed_runs, base_runs)]
+    signal = {"tokens_per_unit_ratio": {**interval(ratio), "ratio_of": "tokens per unit, minus 1"}}
+    for key in SIGNAL_DIFFS:
+        signal[key] = interval([_run_mean(m, f"alloc/{key}") - _run_mean(b, f"alloc/{key}")
+                                for m, b in zip(seed_runs, base_runs)])
+    return signal
+
+
 def regime(run_dir: Path) -> dict[str, float] | None:
     """Shares of all-fail / mixed / all-success trees in a run's first saved step, or None without trees."""
     try:
@@ -227,7 +259,7 @@ def _finite(value: float) -> float | None:
 def _against_baseline(seed_runs: list[dict], base_runs: list[dict], base_row: dict[str, Any]) -> dict[str, Any]:
     """One entry against the baseline, per seed then pooled: difference at the baseline's final cost (t and
     bootstrap intervals, p-value) and share of the baseline's cost to reach its final success (bootstrap)."""
-    row: dict[str, Any] = {}
+    row: dict[str, Any] = {"signal_vs_baseline": _signal_against_baseline(seed_runs, base_runs)}
     for axis in ("units", "tokens"):
         mine, theirs = _curves(seed_runs, axis), _curves(base_runs, axis)
         pairs = list(zip(mine, theirs))
@@ -321,6 +353,35 @@ def _share(row: dict[str, Any], axis: str) -> str:
     return f"{_pct(row[f'share_of_baseline_{axis}'], 0)} [{_pct(ci['lo'], 0)}, {hi}]"
 
 
+def _signal_table(methods: dict[str, dict[str, Any]], base: str) -> list[str]:
+    """Per-seed readings of where each method's tokens went against the baseline (exploratory)."""
+    rows = [(label, r["signal_vs_baseline"]) for label, r in methods.items()
+            if label != base and r.get("signal_vs_baseline")]
+    if not rows:
+        return []
+
+    def cell(d: dict[str, Any], scale: float, fmt: str, unit: str = "") -> str:
+        if d["mean"] is None:
+            return "-"
+        bounds = f" [{scale * d['lo']:{fmt}}, {scale * d['hi']:{fmt}}]" if d["lo"] is not None else ""
+        return f"{scale * d['mean']:{fmt}}{unit}{bounds}, p {_p(d['p'])}"
+
+    head = ["method", f"sampled tokens per unit, % more than {base} [95% t CI]",
+            f"informative sampled tokens / token, minus {base} [95% t CI]",
+            f"informative units / unit, minus {base} [95% t CI]", f"mixed trees / unit, minus {base} [95% t CI]"]
+    lines = ["", f"Where the tokens went, per seed against {base} (exploratory: it explains a held-out difference, "
+             "it is not one):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, sig in rows:
+        lines.append("| " + " | ".join([
+            label, cell(sig["tokens_per_unit_ratio"], 100, "+.1f", "%"),
+            cell(sig["informative_sampled_tokens_per_token"], 1, "+.3f"),
+            cell(sig["informative_units_per_unit"], 1, "+.3f"), cell(sig["mixed_trees_per_budget"], 1, "+.4f")])
+                     + " |")
+    lines += ["", "Each run's measure is its mean over its training steps; the interval is Student's t over the "
+              "per-seed differences (ratios for tokens per unit), p the paired t-test's, not corrected."]
+    return lines
+
+
 def to_markdown(summary: dict[str, Any], command: str) -> str:
     base, methods = summary["baseline"], summary["methods"]
     any_row = next(iter(methods.values()))
@@ -376,6 +437,7 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
                   "table's comparisons (read it for every comparison a pre-registration names secondary). A curve "
                   "is read at another cost by interpolating between its evaluations, never beyond its last one. "
                   "The share is read on each seed's own curves (nondecreasing fits), then averaged over seeds."]
+        lines += _signal_table(methods, base)
     res = summary.get("resolution")
     if res and res["questions_for_target"]:
         lines += ["", f"Resolution: one question's avg@k success spreads sd {res['sd_per_question']:.3f} over "

@@ -22,8 +22,10 @@ and applies the rule fixed before the runs (benchmarks/preregistration.md):
   ends below 100%; otherwise "no evidence that it pays for itself on this testbed", with the intervals;
 - a reading over fewer seeds than planned is an interim look and decides nothing: it is labelled so.
 
-Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token), so a
-signal that favours the method while held-out success does not is stated as such.
+Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token) and the
+report's per-seed reading of it against the comparator (`signal_vs_baseline`: difference and t interval over seeds,
+with the ratio of sampled tokens per unit), so a signal that favours the method while held-out success does not, or a
+method whose tokens went where fewer carried a gradient, is stated as such, read off the interval, never the means.
 
 Deliberately not here: any new statistic. Every number is the compare report's; this module only applies the
 decision rule, so the rule cannot drift between the plan and its reading.
@@ -140,7 +142,8 @@ def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, An
         comparisons.append({
             "comparator": base, "equal_tokens": _equal_tokens(diff, p_holm, plan), "share": _share(row, plan),
             "signal": {plan.method: row.get("informative_sampled_tokens_per_token"),
-                       base: base_row.get("informative_sampled_tokens_per_token")},
+                       base: base_row.get("informative_sampled_tokens_per_token"),
+                       **_signal_diffs(row.get("signal_vs_baseline") or {})},
             "success_after": {plan.method: row["success_after"], base: base_row["success_after"]},
             "tokens": {plan.method: row["tokens"], base: base_row["tokens"]}})
     pays = all(c["equal_tokens"]["favours_method"] and c["share"]["mean"]["fewer_tokens"] for c in comparisons)
@@ -155,6 +158,26 @@ def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, An
             "comparisons": comparisons, "pays": pays,
             "overall": (f"interim look ({len(seeds)} of {plan.planned_seeds} planned seeds), decides nothing; "
                         f"read as it stands: {overall}") if interim else overall}
+
+
+def _signal_diffs(signal: dict[str, Any]) -> dict[str, Any]:
+    """The report's per-seed readings of where the tokens went (`signal_vs_baseline`): the difference in informative
+    sampled tokens per token and the ratio of tokens per unit, each {mean, lo, hi}; empty for reports without."""
+    keys = {"diff": "informative_sampled_tokens_per_token", "tokens_per_unit": "tokens_per_unit_ratio"}
+    return {name: {k: signal[key].get(k) for k in ("mean", "lo", "hi")} for name, key in keys.items() if key in signal}
+
+
+def _signal_reading(signal: dict[str, Any], held_out_gain: bool) -> str:
+    """What the per-seed signal difference says beside the held-out verdict; read off its interval only."""
+    diff = signal.get("diff")
+    if not diff or diff["lo"] is None or diff["hi"] is None:
+        return "no per-seed interval in this report"
+    if diff["lo"] > 0:
+        return ("more learning signal per token without a held-out gain: the signal was not what limited learning"
+                if not held_out_gain else "more learning signal per token, and a held-out gain")
+    if diff["hi"] < 0:
+        return "less learning signal per token: its tokens went where fewer carried a gradient"
+    return "learning signal per token not distinguishable"
 
 
 def _pooled_regime(regimes: list[dict[str, float]]) -> dict[str, float] | None:
@@ -207,16 +230,16 @@ def to_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| seeds at or below a {plan['goal_share']:.0%} share against `{base}` | "
                      f"{s['num_at_goal']} of {len(s['per_seed'])} | | | | descriptive |")
     lines += ["", "| comparator | final success, method / comparator | sampled tokens, method / comparator | "
-              "informative sampled tokens / token, method / comparator | reading |", "|---|---|---|---|---|"]
+              "sampled tokens per unit, % more [95% t CI] | informative sampled tokens / token, method / comparator | "
+              "difference per seed [95% t CI] | reading |", "|---|---|---|---|---|---|---|"]
     for c in result["comparisons"]:
-        base = c["comparator"]
-        sig_m, sig_b = c["signal"][method], c["signal"][base]
-        signal_favours = sig_m is not None and sig_b is not None and sig_m > sig_b
-        reading = ("more learning signal per token without a held-out gain: the signal was not what limited "
-                   "learning" if signal_favours and not c["equal_tokens"]["favours_method"] else "-")
+        base, sig = c["comparator"], c["signal"]
         lines.append(f"| `{base}` | {c['success_after'][method]:.1%} / {c['success_after'][base]:.1%} | "
                      f"{c['tokens'][method]:,.0f} / {c['tokens'][base]:,.0f} | "
-                     f"{_num(sig_m)} / {_num(sig_b)} | {reading} |")
+                     f"{_interval(sig.get('tokens_per_unit'), 100, '+.1f')} | "
+                     f"{_num(sig[method])} / {_num(sig[base])} | "
+                     f"{_interval(sig.get('diff'), 1, '+.3f')} | "
+                     f"{_signal_reading(sig, c['equal_tokens']['favours_method'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -226,3 +249,10 @@ def _p(value: float) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def _interval(reading: dict[str, Any] | None, scale: float, fmt: str) -> str:
+    if not reading or reading["mean"] is None:
+        return "n/a"
+    bounds = "" if reading["lo"] is None else f" [{scale * reading['lo']:{fmt}}, {scale * reading['hi']:{fmt}}]"
+    return f"{scale * reading['mean']:{fmt}}{bounds}"
