@@ -110,6 +110,20 @@ def test_status_counts_complete_running_and_waiting_runs_and_estimates_the_rest(
         "0 of 2 runs complete; no complete run yet to estimate the time left from.")
 
 
+def test_status_under_a_token_budget_counts_a_run_done_at_the_budget_whatever_its_steps(tmp_path):
+    def write(label, steps, tokens_per_step):
+        log = RunLog(tmp_path / f"{label}-seed0")
+        log.write("eval", 0, {"eval/seconds": 10.0})
+        for step in range(1, steps + 1):
+            log.write("train", step, {"sys/step_seconds": 5.0, "rollout/cum_tokens": tokens_per_step * step})
+
+    write("grpo", 3, 1000)  # 3,000 tokens: done
+    write("trace", 4, 500)  # 2,000 of 3,000 tokens after 4 of 100 steps: two thirds done
+    text = compare_status("grpo,trace", [0], tmp_path, overrides=["run.num_steps=100", "run.token_budget=3000"])
+    assert "| grpo | 1 of 1 |" in text and "| trace | 0 of 1 | 0 (step 4) |" in text
+    assert "about 0.0 h left" in text  # a third of a 25 s run
+
+
 def test_a_run_another_process_trains_is_skipped_and_a_second_train_is_refused(tiny_overrides, tmp_path, capsys):
     """The lock is held here as another invocation would hold it: compare trains the other entry and leaves the
     locked run untouched; `tracerl train --resume` on it exits with the holder named."""

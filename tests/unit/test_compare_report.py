@@ -237,3 +237,18 @@ def test_where_the_tokens_went_is_read_per_seed_with_an_interval(tmp_path):
     row = [line for line in text.splitlines() if line.startswith("| trace")][-1]  # the last table: the signal
     assert "+10.0% [+10.0, +10.0]" in row and "| - |" in row and "+0.025 [" in row
     json.dumps(summary, allow_nan=False)  # the report's JSON holds no NaN
+
+
+def test_under_a_token_budget_runs_that_end_at_different_steps_are_finished_by_their_config(tmp_path):
+    # grpo reaches 4,000 tokens at step 4, trace (500 a step) at step 8; trace seed 1 stopped at step 4, short of it
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 2, 2: [0.3] * 2, 4: [0.4] * 2}, 1000)
+        last = 8 if seed == 0 else 4
+        write_run(tmp_path, "trace", seed, {s: [0.2 + 0.03 * s] * 2 for s in range(0, last + 1, 2)}, 500)
+        for label in ("grpo", "trace"):
+            (tmp_path / run_dir_name(label, seed) / "config.json").write_text(
+                json.dumps({"run": {"num_steps": 100, "token_budget": 4000}}))
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
+    assert kept == [0] and [run["train"][-1]["step"] for run in (runs["grpo"][0], runs["trace"][0])] == [4, 8]
+    trace = summarize(runs, "grpo", kept)["methods"]["trace"]
+    assert trace["seeds_short_of_tokens"] == 0 and trace["diff_at_equal_tokens"]["mean"] == pytest.approx(0.44 - 0.4)

@@ -185,7 +185,7 @@ def compare_status(methods: str, seeds: Sequence[int], out: str | Path, *, confi
     """How far the comparison in `out` is (see the module docstring), as a Markdown table with one summary line."""
     out = Path(out)
     labels = [label for label, _, _ in parse_entries(methods)]
-    num_steps = load_config(config_path, list(overrides)).run.num_steps
+    run_config = load_config(config_path, list(overrides)).run
     rows, seconds, num_done, left = [], [], 0, 0.0
     for label in labels:
         done, running, waiting = 0, [], []
@@ -193,14 +193,14 @@ def compare_status(methods: str, seeds: Sequence[int], out: str | Path, *, confi
             path = out / run_dir_name(label, seed) / "metrics.jsonl"
             logged = read_metrics(path.parent) if path.exists() else []
             steps = [r for r in logged if r["kind"] == "train"]
-            step = steps[-1]["step"] if steps else 0
-            if step >= num_steps:
+            step, tokens = (steps[-1]["step"], steps[-1].get("rollout/cum_tokens", 0.0)) if steps else (0, 0.0)
+            if run_config.finished(step, tokens):
                 done += 1
                 seconds.append(sum(r.get("sys/step_seconds", 0.0) for r in steps)
                                + sum(r.get("eval/seconds", 0.0) for r in logged if r["kind"] == "eval"))
             elif logged:
                 running.append(f"{seed} (step {step})")
-                left += 1 - step / num_steps
+                left += 1 - run_config.fraction_done(step, tokens)
             else:
                 waiting.append(seed)
         num_done, left = num_done + done, left + len(waiting)

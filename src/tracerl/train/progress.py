@@ -13,11 +13,12 @@ class _Bar:
     def __init__(self, config: TrainConfig):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=config.run.num_steps, desc=config.method, unit="step", file=sys.stderr,
-                        dynamic_ncols=True)
+        self.budget = config.run.token_budget  # with a token budget the bar counts sampled tokens, not steps
+        self.bar = tqdm(total=self.budget or config.run.num_steps, desc=config.method,
+                        unit="token" if self.budget else "step", file=sys.stderr, dynamic_ncols=True)
 
     def update(self, row: dict[str, Any]) -> None:
-        self.bar.n = row["step"]
+        self.bar.n = min(row["rollout/cum_tokens"], self.budget) if self.budget else row["step"]
         self.bar.set_postfix_str(
             f"success {row['rollout/success_rate']:.2f} eff {row['alloc/effective_ratio']:.2f} "
             f"mixed/unit {row['alloc/mixed_trees_per_budget']:.3f} units {row['rollout/cum_units']:.0f} "

@@ -310,7 +310,8 @@ def format_eval(row: dict[str, Any]) -> str:
 def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None = None,
                  progress: Callable[[dict[str, Any]], None] | None = None,
                  initial_eval: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train `config.run.num_steps` steps with held-out evaluation before and after (and every `eval_every`).
+    """Train `config.run.num_steps` steps (or until `run.token_budget` sampled tokens, if that comes first) with
+    held-out evaluation before and after (and every `eval_every`).
 
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
     (it does not depend on the method), logged instead of evaluating again.
@@ -346,13 +347,13 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
         say(f"held-out success before training: {format_eval(before)} ({len(trainer.eval_rows)} questions x "
             f"{config.run.eval_samples} samples)")
     after = before
-    if config.run.executor == "ray" and trainer.step < config.run.num_steps:
+    if config.run.executor == "ray" and not config.run.finished(trainer.step, trainer.totals["tokens"]):
         trainer.start_runner()  # here, so that starting Ray workers is not timed as part of the first step
-    while trainer.step < config.run.num_steps:
+    while not config.run.finished(trainer.step, trainer.totals["tokens"]):
         row = trainer.train_step()
         if progress:
             progress(row)
-        last = trainer.step == config.run.num_steps
+        last = config.run.finished(trainer.step, trainer.totals["tokens"])
         if config.run.eval_every and trainer.step % config.run.eval_every == 0 and not last:
             trainer.evaluate()
         if last or trainer.step % config.run.checkpoint_every == 0:
