@@ -250,5 +250,7 @@ def test_under_a_token_budget_runs_that_end_at_different_steps_are_finished_by_t
                 json.dumps({"run": {"num_steps": 100, "token_budget": 4000}}))
     kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
     assert kept == [0] and [run["train"][-1]["step"] for run in (runs["grpo"][0], runs["trace"][0])] == [4, 8]
-    trace = summarize(runs, "grpo", kept)["methods"]["trace"]
+    summary = summarize(runs, "grpo", kept)
+    trace = summary["methods"]["trace"]
     assert trace["seeds_short_of_tokens"] == 0 and trace["diff_at_equal_tokens"]["mean"] == pytest.approx(0.44 - 0.4)
+    assert "1 seed(s) (0), steps per run grpo 4, trace 8." in to_markdown({**summary, "weights": None}, "cmd")

@@ -256,6 +256,8 @@ def summarize(runs: dict[str, list[dict]], baseline: str | None, seeds: list[int
             "units": float(np.mean([run["train"][-1]["rollout/cum_units"] for run in seed_runs])),
             "tokens": float(np.mean([run["train"][-1]["rollout/cum_tokens"] for run in seed_runs])),
             "steps": int(seed_runs[0]["train"][-1]["step"]), "seeds": len(seed_runs),
+            "steps_range": [min(run["train"][-1]["step"] for run in seed_runs),
+                            max(run["train"][-1]["step"] for run in seed_runs)],
             "num_questions": len(seed_runs[0]["eval"][0]["eval/per_prompt"]),
             **{key: _train_mean(seed_runs, f"alloc/{key}") for key in INFORMATIVE + ALLOCATION},
         }
@@ -399,11 +401,20 @@ def _signal_table(methods: dict[str, dict[str, Any]], base: str) -> list[str]:
     return lines
 
 
+def _steps(methods: dict[str, dict[str, Any]]) -> str:
+    """"24 steps" when every run trained as many; under a token budget, each entry's range over seeds."""
+    ranges = {label: tuple(r.get("steps_range", (r["steps"], r["steps"]))) for label, r in methods.items()}
+    if len(set(ranges.values())) == 1 and len(set(next(iter(ranges.values())))) == 1:
+        return f"{next(iter(ranges.values()))[0]} steps"
+    return "steps per run " + ", ".join(f"{label} {lo}" + (f"-{hi}" if hi > lo else "")
+                                       for label, (lo, hi) in ranges.items())
+
+
 def to_markdown(summary: dict[str, Any], command: str) -> str:
     base, methods = summary["baseline"], summary["methods"]
     any_row = next(iter(methods.values()))
     lines = [f"Held-out success (avg@k) on the same {any_row['num_questions']} questions per seed for every method, "
-             f"{any_row['seeds']} seed(s) ({', '.join(map(str, summary['seeds']))}), {any_row['steps']} steps.", ""]
+             f"{any_row['seeds']} seed(s) ({', '.join(map(str, summary['seeds']))}), {_steps(methods)}.", ""]
     weights = summary.get("weights")
     if weights:
         recorded = "every run" if not weights["num_unrecorded"] else \
