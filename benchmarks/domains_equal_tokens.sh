@@ -21,7 +21,7 @@ esac
 out=runs/domains-equal-tokens/$domain
 dest=benchmarks/results/domain-$domain-equal-tokens
 tracerl compare --methods grpo,pcl,trace --seeds "$seeds" --baseline grpo --out "$out" --config "configs/$domain.toml" \
-    --set run.token_budget=$budget --set run.num_steps=80 --set run.eval_every=0 --set run.eval_prompts=1024 \
+    --set run.total_token_budget=$budget --set run.num_steps=80 --set run.eval_every=0 --set run.eval_prompts=1024 \
     --set run.eval_samples=4 --set run.eval_coupled=true --set run.num_threads=1 --set run.tensorboard=false "$@"
 case " $* " in *" --status "*) exit 0 ;; esac
 mkdir -p "$dest"

@@ -185,8 +185,8 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _train_config(args)
     say = _say
-    length = (f"until {config.run.token_budget:,} sampled tokens (at most {config.run.num_steps} steps)"
-              if config.run.token_budget else f"{config.run.num_steps} steps")
+    length = (f"until {config.run.total_token_budget:,} sampled tokens (at most {config.run.num_steps} steps)"
+              if config.run.total_token_budget else f"{config.run.num_steps} steps")
     say(f"train: method {config.method}, {length} of {config.allocation.budget:.0f} budget units, "
         f"domain {config.data.domain}, policy {config.policy.model}, run directory {config.out_dir()}")
     with progress_bar(config) as bar:

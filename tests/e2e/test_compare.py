@@ -119,7 +119,7 @@ def test_status_under_a_token_budget_counts_a_run_done_at_the_budget_whatever_it
 
     write("grpo", 3, 1000)  # 3,000 tokens: done
     write("trace", 4, 500)  # 2,000 of 3,000 tokens after 4 of 100 steps: two thirds done
-    text = compare_status("grpo,trace", [0], tmp_path, overrides=["run.num_steps=100", "run.token_budget=3000"])
+    text = compare_status("grpo,trace", [0], tmp_path, overrides=["run.num_steps=100", "run.total_token_budget=3000"])
     assert "| grpo | 1 of 1 |" in text and "| trace | 0 of 1 | 0 (step 4) |" in text
     assert "about 0.0 h left" in text  # a third of a 25 s run
 

@@ -162,14 +162,14 @@ def test_coupled_evaluation_reaches_the_engine_and_is_repeatable(tiny_overrides,
 
 
 def test_a_token_budget_ends_the_run_at_the_step_that_reaches_it_and_a_resume_may_raise_it(tiny_overrides, tmp_path):
-    """run.token_budget: every method of a comparison gets the same sampled tokens however many steps that takes."""
+    """run.total_token_budget: every method of a comparison gets the same sampled tokens, however many steps."""
     from tracerl.report.compare import complete_seeds
 
     probe = run_training(_config(tiny_overrides, tmp_path / "probe", "run.num_steps=1", "run.tensorboard=false"))
     per_step = probe["cum_tokens"]  # about what one step samples
     budget = int(1.5 * per_step)  # reached during the second or third step, well before the cap
     more = ["method=grpo", "run.num_steps=50", "run.eval_every=1", "run.tensorboard=false"]
-    result = run_training(_config(tiny_overrides, tmp_path, *more, f"run.token_budget={budget}"))
+    result = run_training(_config(tiny_overrides, tmp_path, *more, f"run.total_token_budget={budget}"))
     train = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     assert 2 <= result["steps"] <= 3 < 50 and train[-1]["step"] == result["steps"]
     assert train[-1]["rollout/cum_tokens"] >= budget > train[-2]["rollout/cum_tokens"]  # the first step to reach it
@@ -179,7 +179,7 @@ def test_a_token_budget_ends_the_run_at_the_step_that_reaches_it_and_a_resume_ma
     # a finished run folder, whatever its step count, by its saved config; resume with a higher budget continues
     (tmp_path / "grpo-seed0").symlink_to(tmp_path / "run")
     assert complete_seeds(tmp_path, ["grpo"], [0])[0] == [0]
-    higher = run_training(_config(tiny_overrides, tmp_path, *more, f"run.token_budget={3 * budget}"), resume=True)
+    higher = run_training(_config(tiny_overrides, tmp_path, *more, f"run.total_token_budget={3 * budget}"), resume=True)
     assert higher["steps"] > result["steps"] and higher["cum_tokens"] >= 3 * budget
     evals = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "eval"]
     assert evals == list(range(higher["steps"] + 1))

@@ -32,7 +32,7 @@ def test_every_preset_loads():
     ("data.domain=bfcl", "does not learn BFCL"),
     ("policy.model=/no/such/model", "neither 'embedded', a local model directory nor a hub id"),
     ("optim.lr=-1", r"optim.lr=-1.0 must be > 0"),
-    ("run.token_budget=-5", r"run.token_budget=-5 must be >= 0"),
+    ("run.total_token_budget=-5", r"run.total_token_budget=-5 must be >= 0"),
     ("optim.agg=sum", "optim.agg='sum' must be one of 'token-mean', 'seq-mean-token-mean'"),
     ("allocation.rollouts_per_prompt=1", "rollouts_per_prompt=1 must be >= 2"),
     ("allocation.num_prompts=0", "num_prompts=0 must be >= 1"),

@@ -247,7 +247,7 @@ def test_under_a_token_budget_runs_that_end_at_different_steps_are_finished_by_t
         write_run(tmp_path, "trace", seed, {s: [0.2 + 0.03 * s] * 2 for s in range(0, last + 1, 2)}, 500)
         for label in ("grpo", "trace"):
             (tmp_path / run_dir_name(label, seed) / "config.json").write_text(
-                json.dumps({"run": {"num_steps": 100, "token_budget": 4000}}))
+                json.dumps({"run": {"num_steps": 100, "total_token_budget": 4000}}))
     kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], [0, 1])
     assert kept == [0] and [run["train"][-1]["step"] for run in (runs["grpo"][0], runs["trace"][0])] == [4, 8]
     summary = summarize(runs, "grpo", kept)

@@ -36,10 +36,10 @@ LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run
 TREES_DIR = "trees"  # <run>/trees/step-000012.json.gz: one step's pool and trees (see write_trees)
 
 
-def reached_stop(num_steps: int, token_budget: int, step: int, cum_tokens: float) -> bool:
-    """Whether a run is done: `num_steps` steps trained, or (a `token_budget` above 0) that many tokens sampled.
+def reached_stop(num_steps: int, total_token_budget: int, step: int, cum_tokens: float) -> bool:
+    """Whether a run is done: `num_steps` steps trained, or (`total_token_budget` above 0) that many tokens sampled.
     The trainer's stop (`RunConfig.finished`) and the reports' reading of a finished run folder share it."""
-    return step >= num_steps or (token_budget > 0 and cum_tokens >= token_budget)
+    return step >= num_steps or (total_token_budget > 0 and cum_tokens >= total_token_budget)
 
 
 def _finite(value: Any) -> Any:

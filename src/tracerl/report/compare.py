@@ -141,8 +141,8 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
 
 def complete_seeds(out: Path, labels: list[str], seeds: list[int]) -> tuple[list[int], dict[str, list[dict]]]:
     """The seeds whose runs exist and finished for every label, and those runs. A run finished when its last step
-    was evaluated and, by its saved config, reached its `run.num_steps` or its `run.token_budget` (so methods under
-    one token budget may end at different steps); runs without a saved config must all end at the same step."""
+    was evaluated and, by its saved config, reached its `run.num_steps` or its `run.total_token_budget` (so methods
+    under one token budget may end at different steps); runs without a saved config must all end at the same step."""
     kept, runs = [], {label: [] for label in labels}
     for seed in seeds:
         dirs = [out / run_dir_name(label, seed) for label in labels]
@@ -165,13 +165,14 @@ def complete_seeds(out: Path, labels: list[str], seeds: list[int]) -> tuple[list
 
 
 def _finished(run_dir: Path, run: dict[str, Any]) -> bool | None:
-    """Whether a run reached the stop its saved config set (`run.num_steps`, or `run.token_budget` sampled tokens);
-    None without a saved config."""
+    """Whether a run reached the stop its saved config set (`run.num_steps`, or `run.total_token_budget` sampled
+    tokens); None without a saved config."""
     path = run_dir / "config.json"  # tracerl.train.checkpoint.CONFIG_FILE, the run's resolved config
     if not path.exists():
         return None
     cfg, last = json.loads(path.read_text()).get("run", {}), run["train"][-1]
-    return reached_stop(cfg.get("num_steps", 0), cfg.get("token_budget", 0), last["step"], last["rollout/cum_tokens"])
+    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), last["step"],
+                        last["rollout/cum_tokens"])
 
 
 def curve(run: dict[str, list[dict]], axis: str) -> tuple[np.ndarray, np.ndarray]:

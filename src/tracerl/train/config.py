@@ -43,7 +43,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class RunConfig:
     seed: int = knob(0, ge=0)  # seeds data order, allocation, sampling and the predictor; same seed -> same run
     num_steps: int = knob(12, ge=1)  # policy updates; each spends one step's sampling budget
-    token_budget: int = knob(0, ge=0)  # stop after the first step whose cumulative sampled tokens reach this (0 = off; num_steps stays the cap): every method of a comparison gets the same sampled tokens (docs/training.md)
+    total_token_budget: int = knob(0, ge=0)  # the run's sampled tokens in all: stop after the first step whose cumulative sampled tokens reach this (0 = off; num_steps stays the cap; a step's own budget is allocation's), so every method of a comparison gets the same sampled tokens (docs/training.md)
     out_dir: str = "runs/{method}-seed{seed}"  # run directory ({method} and {seed} are filled in)
     eval_every: int = knob(0, ge=0)  # held-out evaluation every N steps (0 = only before the first and after the last step)
     eval_prompts: int = knob(128, ge=2)  # held-out questions per evaluation (more = smaller standard error, slower)
@@ -64,11 +64,11 @@ class RunConfig:
 
     def finished(self, step: int, cum_tokens: float) -> bool:
         """Whether a run at `step` having sampled `cum_tokens` is done: num_steps reached, or the token budget."""
-        return reached_stop(self.num_steps, self.token_budget, step, cum_tokens)
+        return reached_stop(self.num_steps, self.total_token_budget, step, cum_tokens)
 
     def fraction_done(self, step: int, cum_tokens: float) -> float:
         """How far a run is towards whichever stop comes first, in [0, 1]."""
-        by_tokens = cum_tokens / self.token_budget if self.token_budget else 0.0
+        by_tokens = cum_tokens / self.total_token_budget if self.total_token_budget else 0.0
         return min(1.0, max(step / self.num_steps, by_tokens))
 
 
@@ -311,7 +311,7 @@ def _looks_like_hub_id(name: str) -> bool:
 # saved on a GPU resumes on a CPU: the algorithm is the same, but float rounding and the sampler's random stream
 # differ between devices, so only a resume on the same device repeats the uninterrupted run exactly. run.out_dir may:
 # a run folder moved or copied elsewhere (a comparison's runs gathered from several machines) is the same run.
-RESUMABLE_CHANGES = ("run.num_steps", "run.token_budget", "run.progress", "run.tensorboard", "run.eval_every",
+RESUMABLE_CHANGES = ("run.num_steps", "run.total_token_budget", "run.progress", "run.tensorboard", "run.eval_every",
                      "run.checkpoint_every", "run.ray_address", "policy.device", "run.out_dir")
 
 

@@ -13,7 +13,7 @@ class _Bar:
     def __init__(self, config: TrainConfig):
         from tqdm import tqdm
 
-        self.budget = config.run.token_budget  # with a token budget the bar counts sampled tokens, not steps
+        self.budget = config.run.total_token_budget  # with a token budget the bar counts sampled tokens, not steps
         self.bar = tqdm(total=self.budget or config.run.num_steps, desc=config.method,
                         unit="token" if self.budget else "step", file=sys.stderr, dynamic_ncols=True)
 

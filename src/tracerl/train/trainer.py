@@ -310,7 +310,7 @@ def format_eval(row: dict[str, Any]) -> str:
 def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None = None,
                  progress: Callable[[dict[str, Any]], None] | None = None,
                  initial_eval: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train `config.run.num_steps` steps (or until `run.token_budget` sampled tokens, if that comes first) with
+    """Train `config.run.num_steps` steps (or until `run.total_token_budget` sampled tokens, if that comes first) with
     held-out evaluation before and after (and every `eval_every`).
 
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
