@@ -292,7 +292,7 @@ def _verdict(args: argparse.Namespace) -> int:
 
     from tracerl.report import verdict
 
-    summaries = []
+    summaries, names = [], []
     for name in args.reports:
         path = Path(name)
         path = path / "compare.json" if path.is_dir() else path
@@ -301,13 +301,29 @@ def _verdict(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as err:
             raise SystemExit(f"tracerl verdict: cannot read {path} ({err}); give the compare.json that "
                              "tracerl compare wrote, or its folder")
+        names.append(path.resolve().parent.name)  # a testbed is named by its report's folder
     try:
-        plan = verdict.Plan(method=args.method, planned_seeds=args.planned_seeds, alpha=args.alpha,
-                            min_effect=args.min_effect / 100, max_share=args.max_share, goal_share=args.goal_share)
-        result = verdict.primary_verdict(summaries, plan)
+        try:
+            seeds = [int(s) for s in str(args.planned_seeds).split(",")]
+        except ValueError:
+            raise ValueError(f"--planned-seeds {args.planned_seeds}: a seed count, or with --across-testbeds one "
+                             "count per report separated by commas (16,45)") from None
+        if len(seeds) not in (1, len(summaries)) or (len(seeds) > 1 and not args.across_testbeds):
+            raise ValueError(f"--planned-seeds {args.planned_seeds}: give one count, or with --across-testbeds one "
+                             f"per report ({len(summaries)})")
+        plans = [verdict.Plan(method=args.method, planned_seeds=n, alpha=args.alpha, min_effect=args.min_effect / 100,
+                              max_share=args.max_share, goal_share=args.goal_share)
+                 for n in (seeds * len(summaries) if len(seeds) == 1 else seeds)]
+        if args.across_testbeds:
+            if len(set(names)) != len(names):
+                raise ValueError(f"two reports come from folders of one name ({names}): across testbeds each "
+                                 "testbed is named by its report's folder")
+            result = verdict.testbed_verdict(dict(zip(names, summaries)), dict(zip(names, plans)))
+        else:
+            result = verdict.primary_verdict(summaries, plans[0])
     except ValueError as err:
         raise SystemExit(f"tracerl verdict: {err}")
-    text = verdict.to_markdown(result)
+    text = verdict.testbeds_to_markdown(result) if args.across_testbeds else verdict.to_markdown(result)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -502,10 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verdict", help="the pre-registered reading of a method's primary comparisons: Holm over "
                                        "the equal-token tests, each established, refuted or unresolved")
-    p.add_argument("reports", nargs="+", help="one compare.json (or its folder) per comparator, all of the same runs")
+    p.add_argument("reports", nargs="+", help="one compare.json (or its folder) per comparator, all of the same runs "
+                                              "(with --across-testbeds: one per testbed, against one comparator)")
     p.add_argument("--method", default="trace", help="the entry whose payoff is tested (default trace)")
-    p.add_argument("--planned-seeds", type=int, required=True,
-                   help="the seed count the power analysis fixed; fewer seeds make the reading an interim look")
+    p.add_argument("--planned-seeds", required=True,
+                   help="the seed count the power analysis fixed (with --across-testbeds, one per report: 16,45); "
+                        "fewer seeds make the reading an interim look")
+    p.add_argument("--across-testbeds", action="store_true",
+                   help="one report per testbed (named by its folder), the equal-token tests one Holm family; the "
+                        "token share listed, not read")
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise level over the equal-token tests (Holm)")
     p.add_argument("--min-effect", type=float, default=0.5,
                    help="smallest gain worth the machinery at equal tokens, in points (default 0.5)")

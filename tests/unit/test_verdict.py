@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tracerl.cli import main
-from tracerl.core.stats import paired_t_pvalue, t_half_width
+from tracerl.core.stats import holm, paired_t_pvalue, t_half_width
 from tracerl.report.verdict import Plan, primary_verdict, to_markdown
 
 
@@ -190,3 +190,48 @@ def test_one_seed_has_no_test_and_reads_unresolved():
     result = primary_verdict([report("grpo", [1.0])], Plan(planned_seeds=4))
     assert result["comparisons"][0]["equal_tokens"]["verdict"] == "unresolved"
     assert "+1.00 [n/a, n/a] | [n/a, n/a] | n/a | n/a | unresolved" in to_markdown(result)
+
+
+def test_across_testbeds_the_tests_form_one_holm_family_and_each_testbed_has_its_own_plan():
+    from tracerl.report.verdict import testbed_verdict, testbeds_to_markdown
+
+    # math: a clear win over 8 seeds (of 8 planned); funcall: a weaker one over 6 of 10 planned, other runs and weights
+    math = report("grpo", [1.0, 1.5, 2.0, 1.2, 0.8, 1.7, 1.1, 1.4], weights="math", signal_diff=(0.01, 0.005, 0.02))
+    funcall = report("grpo", [2.0, -0.5, 1.5, 0.2, 1.8, -0.1], weights="funcall")
+    plans = {"math": Plan(planned_seeds=8), "funcall": Plan(planned_seeds=10)}
+    result = testbed_verdict({"math": math, "funcall": funcall}, plans)
+    by_name = {t["testbed"]: t for t in result["testbeds"]}
+    p = [r["methods"]["trace"]["diff_at_equal_tokens"]["p"] for r in (math, funcall)]
+    assert [by_name[n]["equal_tokens"]["p_holm"] for n in ("math", "funcall")] == pytest.approx(holm(p))
+    assert by_name["math"]["equal_tokens"]["favours_method"] and not by_name["math"]["interim"]
+    assert by_name["funcall"]["interim"]
+    text = testbeds_to_markdown(result)
+    assert "| math | 8 of 8 |" in text and "established: trace better" in text
+    assert "interim look (6 of 10 seeds), decides nothing" in text and "+0.010 [+0.005, +0.020]" in text
+
+
+@pytest.mark.parametrize("reports, message", [
+    ({"a": report("grpo", WIN), "b": report("pcl", WIN)}, "the same comparator"),
+    ({"a": report("grpo", WIN), "b": {**report("grpo", WIN), "methods": {"grpo": {}}}}, "must hold 'trace'"),
+])
+def test_across_testbeds_the_reports_must_share_a_comparator_and_hold_the_method(reports, message):
+    from tracerl.report.verdict import testbed_verdict
+
+    with pytest.raises(ValueError, match=message):
+        testbed_verdict(reports, {name: Plan(planned_seeds=6) for name in reports})
+
+
+def test_the_command_reads_testbeds_by_their_folders_with_a_plan_each(tmp_path, capsys):
+    for name, weights in (("math", "m"), ("funcall", "f")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "compare.json").write_text(json.dumps(report("grpo", WIN, weights=weights)))
+    reports = [str(tmp_path / "math"), str(tmp_path / "funcall" / "compare.json")]
+    assert main(["verdict", *reports, "--planned-seeds", "6,12", "--across-testbeds", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "| math | 6 of 6 |" in text and "| funcall | 6 of 12 |" in text
+    assert json.loads((tmp_path / "primary.json").read_text())["testbeds"][1]["interim"]
+    for args, message in ((["--planned-seeds", "6,12"], "one count, or with --across-testbeds one per report"),
+                          (["--planned-seeds", "6,x", "--across-testbeds"], "one count per report separated"),
+                          (["--planned-seeds", "6"], "share a baseline")):  # two testbeds read as comparators
+        with pytest.raises(SystemExit, match=message):
+            main(["verdict", *reports, *args])

@@ -22,6 +22,12 @@ and applies the rule fixed before the runs (benchmarks/preregistration.md):
   ends below 100%; otherwise "no evidence that it pays for itself on this testbed", with the intervals;
 - a reading over fewer seeds than planned is an interim look and decides nothing: it is labelled so.
 
+Across testbeds (`testbed_verdict`, `tracerl verdict --across-testbeds`): one report per testbed, each against the
+same comparator, their (a) tests one family (Holm over the testbeds), each testbed's difference established,
+refuted or unresolved as above, with its own planned seed count; the share is listed, not read (a design that
+evaluates at the start and the stop only has no curve to read it on; benchmarks/preregistration.md, "Other domains
+at equal tokens, with power").
+
 Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token) and the
 report's per-seed reading of it against the comparator (`signal_vs_baseline`: difference and t interval over seeds,
 with the ratio of sampled tokens per unit), so a signal that favours the method while held-out success does not, or a
@@ -178,6 +184,69 @@ def _signal_reading(signal: dict[str, Any], held_out_gain: bool) -> str:
     if diff["hi"] < 0:
         return "less learning signal per token: its tokens went where fewer carried a gradient"
     return "learning signal per token not distinguishable"
+
+
+def testbed_verdict(reports: dict[str, dict[str, Any]], plans: dict[str, Plan]) -> dict[str, Any]:
+    """The primary question of one method against one comparator on several testbeds (name -> compare.json), the
+    equal-token tests one Holm family; each testbed read under its own plan (its planned seeds). Nothing pools
+    across testbeds: they differ in runs, weights and seeds."""
+    if not reports:
+        raise ValueError("no report given: pass one compare.json per testbed")
+    first = next(iter(plans.values()))
+    baselines = {name: s.get("baseline") for name, s in reports.items()}
+    if len(set(baselines.values())) != 1 or None in baselines.values():
+        raise ValueError(f"the testbeds' reports have baselines {baselines}: across testbeds every report is against "
+                         "the same comparator (tracerl compare --baseline X)")
+    for name, summary in reports.items():
+        _check([summary], first.method)
+    diffs = {name: s["methods"][first.method]["diff_at_equal_tokens"] for name, s in reports.items()}
+    adjusted = dict(zip(diffs, holm([d["p"] for d in diffs.values()])))
+    testbeds = []
+    for name, summary in reports.items():
+        plan, row = plans[name], summary["methods"][first.method]
+        interim = len(summary["seeds"]) < plan.planned_seeds
+        testbeds.append({
+            "testbed": name, "seeds": list(summary["seeds"]), "planned_seeds": plan.planned_seeds, "interim": interim,
+            "weights_sha256": summary.get("weights", {}).get("weights_sha256"),
+            "regime": _pooled_regime(summary.get("regime", [])),
+            "equal_tokens": _equal_tokens(diffs[name], adjusted[name], plan), "share": _share(row, plan),
+            "signal": _signal_diffs(row.get("signal_vs_baseline") or {})})
+    return {"method": first.method, "comparator": next(iter(baselines.values())), "testbeds": testbeds,
+            "plan": {"alpha": first.alpha, "min_effect": first.min_effect}}
+
+
+def testbeds_to_markdown(result: dict[str, Any]) -> str:
+    method, base, plan = result["method"], result["comparator"], result["plan"]
+    lines = [f"# Primary analysis across testbeds: `{method}` against `{base}`", "",
+             f"Rule: Holm over the {len(result['testbeds'])} testbeds' equal-token tests at family-wise level "
+             f"{plan['alpha']}; established where the adjusted p is at most that, refuted where the 95% t interval "
+             f"lies below +{100 * plan['min_effect']:.1f} points, unresolved otherwise; a testbed with fewer seeds "
+             "than planned is an interim look that decides nothing. The token share is listed, not read.", "",
+             f"| testbed | seeds | `{method}` - `{base}` at `{base}`'s final tokens, points [95% t CI] | "
+             "[95% bootstrap CI] | p | p (Holm) | verdict | share of the tokens, median over seeds [bootstrap CI] "
+             "(listed) | "
+             "informative sampled tokens / token, difference per seed [95% t CI] |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for t in result["testbeds"]:
+        d, share = t["equal_tokens"], t["share"]["median"]
+        unreached = t["share"]["num_unreached"]
+        verdict = (f"interim look ({len(t['seeds'])} of {t['planned_seeds']} seeds), decides nothing; as it stands: "
+                   if t["interim"] else "") + d["verdict"]
+        lines.append(f"| {t['testbed']} | {len(t['seeds'])} of {t['planned_seeds']} | "
+                     f"{_pts(d['mean'])} [{_pts(d['lo'])}, {_pts(d['hi'])}] | "
+                     f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {_p(d['p'])} | {_p(d['p_holm'])} | {verdict} | "
+                     f"{_pct(share['estimate'])} [{_pct(share['lo'])}, {_pct(share['hi'])}]"
+                     + (f", {unreached} of {len(t['seeds'])} seeds never reach" if unreached else "") + " | "
+                     f"{_interval(t['signal'].get('diff'), 1, '+.3f')} |")
+    lines.append("")
+    for t in result["testbeds"]:
+        regime = t["regime"]
+        lines.append(f"- {t['testbed']}: seeds {', '.join(map(str, t['seeds']))}; starting weights sha256 "
+                     f"{str(t['weights_sha256'])[:16]}" + (f"; regime (the comparator's first batch) all-fail "
+                                                           f"{regime['all_fail']:.1%}, mixed {regime['mixed']:.1%}, "
+                                                           f"all-success {regime['all_success']:.1%}" if regime else "")
+                     + ".")
+    return "\n".join(lines) + "\n"
 
 
 def _pooled_regime(regimes: list[dict[str, float]]) -> dict[str, float] | None:
