@@ -58,6 +58,7 @@ def test_a_method_twice_as_cheap_in_tokens_is_read_at_the_baselines_token_count(
     assert trace["diff_at_equal_units"]["mean"] == pytest.approx(0.1)
     assert trace["diff_at_equal_tokens"]["mean"] == pytest.approx(0.1)
     assert trace["seeds_short_of_tokens"] == 2
+    assert "--set run.total_token_budget=N" in to_markdown({**summary, "weights": None}, "cmd")  # the way out
     # trace reaches grpo's final 0.4 halfway between its evaluations at 1000 and 2000 tokens
     assert trace["tokens_to_baseline"] == pytest.approx(1500.0)
     assert trace["share_of_baseline_tokens"] == pytest.approx(1500 / 4000)

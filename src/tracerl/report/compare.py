@@ -466,6 +466,11 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
                   "table's comparisons (read it for every comparison a pre-registration names secondary). A curve "
                   "is read at another cost by interpolating between its evaluations, never beyond its last one. "
                   "The share is read on each seed's own curves (nondecreasing fits), then averaged over seeds."]
+        if any(r.get("seeds_short_of_tokens") for label, r in methods.items() if label != base):
+            lines += ["", f"Runs that sampled fewer tokens than {base} in all are read at their own last token "
+                      f"count, having had fewer tokens to learn from than {base}: not equal tokens. Train every run "
+                      "to one sampled-token budget (`--set run.total_token_budget=N`, with `run.num_steps` as a "
+                      "cap) to read them at equal tokens."]
         lines += _signal_table(methods, base)
     res = summary.get("resolution")
     if res and res["questions_for_target"]:
