@@ -39,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_bench_common import build_tiny_model_dir, check_device, device_name, quiet_transformers, software_versions
+from gpu_bench_common import (add_random_model_arg, check_device, device_name, model_dir_for, model_label,
+                              quiet_transformers, software_versions)
 
 PREFERRED_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 GENERATION_COUNTER = "vllm:generation_tokens_total"  # a cross-check: the server's count of the tokens it generated
@@ -49,7 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="local Hugging Face model directory (default: a tiny random Qwen3, for a smoke run)")
+    add_random_model_arg(p)
     p.add_argument("--device", default="cuda", help="torch device of the transformers engine: cuda or cpu")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="the transformers engine's weights (default: float32 on CPU, the checkpoint's on a GPU)")
+    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                   help="bfloat16: generate with a bfloat16 copy of the weights, as the trainer's engine does with "
+                        "policy.precision=bfloat16")
     p.add_argument("--vllm-url", help="a running vLLM / SGLang / tracerl serve server with the same model, e.g. "
                                       "http://127.0.0.1:8000 (default: transformers engine only)")
     p.add_argument("--served-model-name", help="the model name the server expects (default: the first it lists)")
@@ -163,10 +170,12 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
     from tracerl.engines.transformers_engine import TransformersEngine
     from tracerl.io.engine import SamplingParams
 
-    loaded = TransformersEngine.from_pretrained(model_dir, device=args.device, max_batch_size=1)
+    compute = torch.bfloat16 if args.precision == "bfloat16" else None
+    loaded = TransformersEngine.from_pretrained(model_dir, device=args.device, max_batch_size=1, dtype=args.dtype,
+                                                compute_dtype=compute)
     loaded.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4, seed=0))  # first-call overheads out of the timing
     engine = TransformersEngine(loaded.model, device=args.device, max_batch_size=args.max_batch_size,
-                                cache_capacity_tokens=args.cache_tokens)
+                                cache_capacity_tokens=args.cache_tokens, compute_dtype=compute)
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
@@ -179,6 +188,7 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
     dtype = next(engine.model.parameters()).dtype
     return {
         "engine": "transformers", "device": device_name(args.device), "dtype": str(dtype).removeprefix("torch."),
+        "precision": args.precision,
         "generated_tokens": s["generated_tokens"], "seconds": seconds,
         "generated_tokens_per_s": s["generated_tokens"] / seconds,
         "prefix_cache_hit_rate": s["prefill_tokens_reused"] / requested if requested else None,
@@ -267,7 +277,7 @@ def run(args: argparse.Namespace) -> dict:
     quiet_transformers()
     seed = args.seed if args.seed is not None else time.time_ns() % 2**31
     with tempfile.TemporaryDirectory(prefix="tracerl-tiny-") as tmp, torch_threads(args.threads):
-        model_dir = args.model or str(build_tiny_model_dir(Path(tmp) / "tiny-qwen3"))
+        model_dir = model_dir_for(args, tmp)
         if not (Path(model_dir) / "config.json").is_file():
             raise SystemExit(f"--model {model_dir!r} is not a local Hugging Face model directory (no config.json); "
                              f"download one first, e.g. to models/Qwen3-0.6B (benchmarks/gpu/README.md)")
@@ -288,7 +298,7 @@ def run(args: argparse.Namespace) -> dict:
             calls = calls or server_calls
     total, shared = shared_prefix_tokens(calls)
     return {
-        "model": args.model or "tiny random Qwen3 (smoke run)",
+        "model": model_label(args),
         "device": device_name(args.device) if "transformers" in args.engines else None,
         "workload": {"num_calls": len(calls), "num_samples": sum(len(s) for _, _, out in calls for s in out),
                      "prefix_tokens": total, "shared_prefix_tokens": shared, "shared_prefix_frac": shared / total,
@@ -311,7 +321,10 @@ def to_markdown(result: dict) -> str:
              "hit rate from |",
              "|---|---|---|---|---|---|---|"]
     for r in result["engines"]:
-        lines.append(f"| {r['engine']} | {r['device']} | {r['generated_tokens']:,} | {r['seconds']:.2f} | "
+        name = r["engine"] + (f" ({r['dtype']} weights, {r['precision']} compute)" if "precision" in r else "")
+        peak = r.get("peak_gpu_memory_gib")
+        device = r["device"] + ("" if peak is None else f", peak {peak:.2f} GiB")
+        lines.append(f"| {name} | {device} | {r['generated_tokens']:,} | {r['seconds']:.2f} | "
                      f"{r['generated_tokens_per_s']:,.0f} | {rate(r['prefix_cache_hit_rate'])} | "
                      f"{r['hit_rate_from']} |")
     w = result["workload"]

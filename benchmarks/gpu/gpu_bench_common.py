@@ -83,6 +83,57 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0, hidden_size: int = 
     return path
 
 
+# Qwen3-0.6B's architecture as its published config.json gives it (596M parameters with tied embeddings)
+QWEN3_0_6B = {"vocab_size": 151_936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40_960,
+              "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+SIZES = {"qwen3-0.6b": QWEN3_0_6B}
+
+
+def build_sized_model_dir(path: str | Path, size: str, *, seed: int = 0, **override) -> Path:
+    """Save a random-weight model of a real model's architecture (`SIZES`, e.g. qwen3-0.6b) with the smoke
+    tokenizer to `path`; returns the path. `override` changes config fields (tests shrink the layers).
+
+    Its compute and memory per token are the real model's (same shapes, vocabulary 151,936 included); its text is
+    noise: it rarely samples an end-of-turn token, so every turn runs to its token limit (the worst case of a step's
+    length), and ids beyond the tokenizer's ~600 decode to nothing. Nothing is downloaded."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if size not in SIZES:
+        raise SystemExit(f"--random-model {size!r}: choose one of {sorted(SIZES)}")
+    path = build_tiny_model_dir(path, seed=seed)  # the tokenizer (and a tiny model, replaced below)
+    fields = {**SIZES[size], **override}
+    config = Qwen3Config(**fields, use_sliding_window=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.save_pretrained(path)
+    return path
+
+
+def add_random_model_arg(parser) -> None:
+    """--random-model SIZE: the scripts' alternative to --model on a machine with no model files."""
+    parser.add_argument("--random-model", choices=sorted(SIZES),
+                        help="instead of --model: random weights in that model's architecture, built from its config "
+                             "(no download; real compute and memory per token, meaningless text)")
+
+
+def model_dir_for(args, tmp: str | Path) -> str:
+    """The model directory a script measures: --model, a --random-model built under `tmp`, or the tiny smoke model."""
+    if args.model and args.random_model:
+        raise SystemExit("give --model or --random-model, not both")
+    if args.random_model:
+        return str(build_sized_model_dir(Path(tmp) / args.random_model, args.random_model))
+    return args.model or str(build_tiny_model_dir(Path(tmp) / "tiny-qwen3"))
+
+
+def model_label(args) -> str:
+    if args.random_model:
+        return f"{args.random_model} architecture, random weights (built from its config)"
+    return args.model or "tiny random Qwen3 (smoke run)"
+
+
 if __name__ == "__main__":  # save the tiny smoke model, e.g. to serve it with `tracerl serve`
     import sys
 

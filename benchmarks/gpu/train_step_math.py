@@ -31,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_bench_common import build_tiny_model_dir, check_device, device_name, quiet_transformers, software_versions
+from gpu_bench_common import (add_random_model_arg, check_device, device_name, model_dir_for, model_label,
+                              quiet_transformers, software_versions)
 
 MATH_PRESET = Path(__file__).resolve().parents[2] / "configs" / "math.toml"
 # A step the tiny random model finishes in seconds; a real model runs the preset as it is. The KL term makes the
@@ -47,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="local Hugging Face model directory, e.g. models/Qwen3-0.6B (default: a tiny "
                                    "random Qwen3 and a small step, for a smoke run)")
+    add_random_model_arg(p)
     p.add_argument("--device", default="cuda", help="where the trainer should hold the model: cuda or cpu")
     p.add_argument("--config", default=str(MATH_PRESET), help="preset file (default: configs/math.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -67,7 +69,7 @@ def config_overrides(args: argparse.Namespace, model_dir: str, out_dir: str) -> 
     """The `--set` list for this run, and a note when the device cannot be set."""
     overrides = [f"policy.model={model_dir}", "data.domain=math", f"run.out_dir={out_dir}", "run.num_steps=1",
                  "run.tensorboard=false", "run.progress=false", f"run.num_threads={args.threads}"]
-    if args.model is None:
+    if args.model is None and args.random_model is None:
         overrides += SMOKE_OVERRIDES
     note = None
     if policy_has_device_setting():
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> dict:
     check_device(args.device)
     quiet_transformers()
     with tempfile.TemporaryDirectory(prefix="tracerl-train-step-") as tmp:
-        model_dir = args.model or str(build_tiny_model_dir(Path(tmp) / "tiny-qwen3"))
+        model_dir = model_dir_for(args, tmp)
         out_dir = args.out or str(Path(tmp) / "run")
         if (Path(out_dir) / "metrics.jsonl").exists():
             raise SystemExit(f"--out {out_dir} already holds a run (metrics.jsonl); choose another directory")
@@ -123,10 +125,10 @@ def run(args: argparse.Namespace) -> dict:
     generated = engine.get("generated_tokens")
     requested = engine.get("prefill_tokens_computed", 0) + engine.get("prefill_tokens_reused", 0)
     return {
-        "model": args.model or "tiny random Qwen3 (smoke run)",
+        "model": model_label(args),
         "num_parameters": sum(p.numel() for p in trainer.model.parameters()),
         "requested_device": args.device, "model_device": str(param.device),
-        "dtype": str(param.dtype).removeprefix("torch."),
+        "dtype": str(param.dtype).removeprefix("torch."), "precision": config.policy.precision,
         "device": device_name(str(param.device)), "device_note": note,
         "config": {"method": config.method, "num_prompts": config.allocation.num_prompts,
                    "rollouts_per_prompt": config.allocation.rollouts_per_prompt,
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> dict:
 def to_markdown(result: dict) -> str:
     s, t = result["seconds"], result["tokens"]
     c = result["config"]
-    lines = [f"model: {result['model']} ({result['num_parameters']:,} parameters, {result['dtype']}) on "
+    lines = [f"model: {result['model']} ({result['num_parameters']:,} parameters, {result['dtype']} weights, "
+             f"{result['precision']} compute) on "
              f"{result['model_device']}: {result['device']}"]
     if result["device_note"]:
         lines.append(f"NOTE: {result['device_note']}")

@@ -81,7 +81,8 @@ def test_engine_throughput_transformers_and_server(scripts, model_dir, served, c
     assert "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total" in rows["server"]["hit_rate_from"]
     assert rows["server"]["server_generation_tokens"] == 1000
     table = capsys.readouterr().out
-    assert table.count("\n| transformers |") == 1 and "| server |" in table and "CPU" in table
+    assert table.count("\n| transformers (float32 weights, float32 compute) |") == 1 and "| server |" in table
+    assert "CPU" in table
 
 
 def test_engine_throughput_names_a_server_that_does_not_answer(scripts):
@@ -121,3 +122,29 @@ def test_train_step_math_sets_the_device_only_where_the_config_has_it(scripts, m
     monkeypatch.setattr(mod, "policy_has_device_setting", lambda: False)
     overrides, note = mod.config_overrides(args, "m", "out")
     assert not any(o.startswith("policy.device") for o in overrides) and "CPU figures" in note
+
+
+def test_a_sized_random_model_has_the_real_shapes_and_runs_a_bfloat16_step(scripts, monkeypatch, tmp_path):
+    from transformers import AutoConfig
+
+    common = scripts["gpu_bench_common"]
+    config = AutoConfig.from_pretrained(common.build_sized_model_dir(
+        tmp_path / "full-config", "qwen3-0.6b", num_hidden_layers=1))  # the rest as Qwen3-0.6B's config.json
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.tie_word_embeddings) == (
+        151_936, 1024, 3072, 16, 8, 128, True)
+    # the step itself on the same vocabulary, shrunk elsewhere so that it runs in seconds on a CPU
+    shrunk = {**common.QWEN3_0_6B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    monkeypatch.setitem(common.SIZES, "qwen3-0.6b", shrunk)
+    small = ["allocation.num_prompts=2", "allocation.rollouts_per_prompt=2", "data.max_turns=2",
+             "data.max_tokens_per_turn=8", "data.num_train_prompts=16", "run.eval_prompts=2", "optim.kl_coef=0.01",
+             "policy.precision=bfloat16"]
+    result = scripts["train_step_math"].main(["--random-model", "qwen3-0.6b", "--device", "cpu", "--threads", "1",
+                                              *[a for s in small for a in ("--set", s)]])
+    assert result["model"].startswith("qwen3-0.6b architecture, random weights")
+    assert (result["dtype"], result["precision"]) == ("float32", "bfloat16")
+    assert result["config"]["max_tokens_per_turn"] == 8, "the smoke overrides must not replace a sized model's step"
+    assert result["num_trained_trees"] >= 1 and result["tokens"]["generated_tokens"] > 0
+    with pytest.raises(SystemExit, match="--model or --random-model"):
+        scripts["train_step_math"].main(["--model", "x", "--random-model", "qwen3-0.6b", "--device", "cpu"])

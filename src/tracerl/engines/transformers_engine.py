@@ -28,6 +28,7 @@ change to the model.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -212,13 +213,18 @@ class TransformersEngine:
     - `cache_capacity_tokens`: most tokens of keys/values kept across calls (LRU); raise it when trees are wide.
     - `reuse_kv=False`: no reuse at all (every sample prefills its whole prefix), the baseline of `bench engine`.
     - `device`: where the model runs (it is moved there); None = the device its parameters are on.
+    - `compute_dtype`: e.g. torch.bfloat16: generate with a copy of the model whose parameters are in that dtype
+      (buffers such as the rotary frequencies keep theirs), refreshed from `model` whenever its weights change;
+      None = the model itself. Not autocast: in inference mode autocast casts every weight again at every decoding
+      step (a step's rollouts took 2.4x as long as float32's on a GPU, benchmarks/gpu/README.md). Whether the copy
+      samples faster than float32 is not established (its one GPU run, cut off, was not faster).
 
     `stats` counts work: `prefill_tokens_computed + prefill_tokens_reused` is the sum of the prefix lengths of all
     samples requested; `generated_tokens`, `forward_passes`, `num_calls`, and the store's size and evictions.
     """
 
     def __init__(self, model: torch.nn.Module, *, device: str | torch.device | None = None, max_batch_size: int = 32,
-                 cache_capacity_tokens: int = 65_536, reuse_kv: bool = True):
+                 cache_capacity_tokens: int = 65_536, reuse_kv: bool = True, compute_dtype: torch.dtype | None = None):
         if max_batch_size < 1 or cache_capacity_tokens < 0:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 and cache_capacity_tokens="
                              f"{cache_capacity_tokens} >= 0")
@@ -238,6 +244,12 @@ class TransformersEngine:
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.max_batch_size = max_batch_size
         self.reuse_kv = reuse_kv
+        self.compute_dtype = compute_dtype
+        self.runner = self.model  # what the forwards run: the model, or its copy in compute_dtype
+        if compute_dtype is not None and compute_dtype != next(self.model.parameters()).dtype:
+            self.runner = copy.deepcopy(self.model).requires_grad_(False)
+            for param in self.runner.parameters():
+                param.data = param.data.to(compute_dtype)
         self.store = KVStore(cache_capacity_tokens)
         self.stats: dict[str, int] = dict.fromkeys(
             ("num_calls", "prefill_tokens_computed", "prefill_tokens_reused", "generated_tokens", "forward_passes",
@@ -260,6 +272,14 @@ class TransformersEngine:
         """Drop every stored key/value (needed after changing the model other than by in-place weight updates)."""
         self.store.clear()
         self._sync_store_stats()
+
+    def _refresh_runner(self) -> None:
+        """Copy the model's current weights into the compute_dtype copy (a no-op without one)."""
+        if self.runner is self.model:
+            return
+        with torch.no_grad():
+            for mine, theirs in zip(self.runner.parameters(), self.model.parameters(), strict=True):
+                mine.copy_(theirs)
 
     def _read_weights_version(self) -> int | None:
         # Every in-place write to a tensor bumps its version counter, so a changed sum means changed weights.
@@ -289,6 +309,7 @@ class TransformersEngine:
             raise ValueError(f"keys has {len(keys)} entries for {len(arrays)} prefixes; give one key per prefix")
         version = self._read_weights_version()
         if version != self._weights_version:
+            self._refresh_runner()
             self.store.clear()
             self._weights_version = version
             self.stats["cache_invalidations"] += 1
@@ -303,7 +324,7 @@ class TransformersEngine:
         streams = None if keys is None else \
             np.array([stream_key(keys[i], j) for i, c in enumerate(counts) for j in range(c)], dtype=np.uint64)
         results: list[list[Completion]] = [[] for _ in arrays]
-        with torch.inference_mode(), _eval_mode(self.model):
+        with torch.inference_mode(), _eval_mode(self.runner):
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start: start + self.max_batch_size]
                 own = None if streams is None else streams[start: start + self.max_batch_size]
@@ -383,7 +404,7 @@ class TransformersEngine:
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
                  cache: Cache) -> torch.Tensor:
         self.stats["forward_passes"] += 1
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+        out = self.runner(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
         return out.logits[:, -1]  # (B, V): each row's last position (suffixes are left-padded to end together)
 

@@ -88,6 +88,7 @@ class PolicyConfig:
     vllm_gpu_memory_utilization: float = knob(0.3, gt=0, le=1)  # engine="vllm" on a GPU: share of the device vLLM takes (the trainer shares the rest)
     vllm_sleep: bool = True  # engine="vllm" on a GPU: vLLM frees its memory (sleep mode) during each policy update
     device: str = "cpu"  # the trainer's model, reference model and in-process engine: cpu, cuda, cuda:N or auto
+    precision: str = knob("float32", choices=("float32", "bfloat16"))  # bfloat16: the update's forwards under autocast (less memory); weights, AdamW and the in-process engine stay float32
     lora_rank: int = knob(0, ge=0)  # LoRA rank r; 0 = full fine-tuning, r > 0 trains only low-rank adapters (needs peft)
     lora_alpha: float = knob(32.0, gt=0)  # LoRA scale: the adapted weight is W + (lora_alpha / lora_rank) B A
     lora_dropout: float = knob(0.0, ge=0, lt=1)  # dropout on the adapters' input in training (0: training and sampling forwards agree)

@@ -76,6 +76,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def compute_dtype(precision: str) -> torch.dtype | None:
+    """policy.precision as the dtype the forwards compute in under autocast: None for float32 (no autocast)."""
+    return {"float32": None, "bfloat16": torch.bfloat16}[precision]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The context a policy forward runs in: `torch.autocast` to `dtype` on `device`'s type, or a no-op for None.
+
+    Mixed precision, not low-precision weights: the parameters, their gradients and AdamW's moments stay float32
+    (an update of lr 1e-6 is far below bfloat16's resolution of a weight, 2^-8 of it, and would be lost), while
+    matrix products and attention run in `dtype`. Logits are cast back to float32 before any softmax."""
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 def load_policy(config: TrainConfig, say: Callable[[str], None] = lambda message: None) -> TrainPolicy:
     """The run's policy on `policy.device`, with LoRA adapters when `policy.lora_rank` > 0."""
     policy = _load_base(config, say)

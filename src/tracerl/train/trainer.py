@@ -47,7 +47,7 @@ from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differen
 from tracerl.policy.embedded import run_provenance, write_provenance
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
-from tracerl.train.policy import load_policy, merged_state_dict, trainable_parameters
+from tracerl.train.policy import autocast, compute_dtype, load_policy, merged_state_dict, trainable_parameters
 
 Say = Callable[[str], None]
 
@@ -100,6 +100,8 @@ class Trainer:
         cfg = self.config.policy
         if cfg.engine == "transformers":
             # the transformers model with the adapters inside its layers, so it samples the adapted policy
+            # float32 whatever policy.precision: on a GPU neither autocast (2.4x slower) nor a bfloat16 copy of the
+            # weights (not faster) sped up sampling in the one measured step (benchmarks/gpu/README.md)
             return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size)
         if cfg.engine == "vllm":  # vLLM in this process, loaded with the trainer's (merged) weights
             from tracerl.engines.vllm_engine import VLLMEngine
@@ -239,11 +241,12 @@ class Trainer:
             batch = make([t for t, _ in chunk], [a for _, a in chunk], pad_id=self.policy.pad_id)
             share = (batch.num_policy_tokens if token_mean else sum(len(a.leaf_ids) for _, a in chunk)) / total
             batch = batch.to(self.device)
-            ref = self.reference_logprobs(batch) if with_kl else None
-            loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
-                                            ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
-                                            clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
-            (loss * share).backward()
+            with autocast(self.device, compute_dtype(self.config.policy.precision)):  # no-op for float32
+                ref = self.reference_logprobs(batch) if with_kl else None
+                loss, parts = batch_policy_loss(self.model, batch, temperature=self.config.sampling.temperature,
+                                                ref_logprobs=ref, clip_eps=cfg.clip_eps, agg=cfg.agg,
+                                                clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef)
+            (loss * share).backward()  # outside autocast: the backward runs each op in its forward's dtype
             weight += share
             for key, value in parts.items():
                 if key != "train/num_policy_tokens":

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The CUDA path in one short run, for a GPU machine with torch and transformers but no network (README.md here,
+# "A Qwen3-0.6B-sized check without downloads"): a random-weight model of Qwen3-0.6B's architecture, built from its
+# config; one TRACE training step on math (train_step_math.py) in bfloat16 mixed precision and in float32; then the
+# transformers engine alone on a step-sized tree workload (engine_throughput.py) in both precisions. Each stage has
+# its own time limit, so one that stalls still leaves the others' figures; JSON results go to $OUT (default
+# /tmp/cuda-check), the log to $OUT/log.txt.
+#
+#   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
+#   DEVICE=cpu MODEL_OVERRIDES='{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+#     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}' STEP_SET="allocation.num_prompts=2
+#     data.max_tokens_per_turn=8 run.eval_prompts=2" ENGINE_ARGS="--num-prompts 2 --turn-tokens 4" \
+#     benchmarks/gpu/cuda_check.sh                                      # a dry run on a CPU: does every stage run?
+set -u
+OUT=${OUT:-/tmp/cuda-check}
+DEVICE=${DEVICE:-cuda}
+WHEELS=${WHEELS:-}
+SITE=/tmp/cuda-check-site
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+cd "$(dirname "$0")/../.."
+if [ -n "$WHEELS" ]; then  # pure wheels, then pycosat from its source (it ships no wheel for every Python)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl
+    ls "$WHEELS"/*.tar.gz >/dev/null 2>&1 && { python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+        --target "$SITE" "$WHEELS"/*.tar.gz || echo "cuda_check: a source package did not build"; }
+fi
+export PYTHONWARNINGS=ignore::SyntaxWarning PYTHONPATH="$PWD/src:$SITE:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+
+show() {  # the Markdown table of a script's JSON result
+    python3 -c "import json, sys; sys.path.insert(0, 'benchmarks/gpu'); import $1 as m
+print(m.to_markdown(json.load(open(sys.argv[1]))))" "$2" 2>/dev/null || echo "(no result in $2)"
+}
+
+MODEL=/tmp/qwen3-0.6b-random
+python3 - "$MODEL" <<'PY'
+import json, os, sys, time
+sys.path.insert(0, "benchmarks/gpu")
+from gpu_bench_common import build_sized_model_dir
+t0 = time.perf_counter()
+build_sized_model_dir(sys.argv[1], "qwen3-0.6b", **json.loads(os.environ.get("MODEL_OVERRIDES") or "{}"))
+print(f"built {sys.argv[1]} in {time.perf_counter() - t0:.0f} s")
+PY
+
+# The step: the math preset's 16 prompts x 8 rollouts of budget, 4 turns of 128 tokens (a random model runs every
+# turn to its limit), a small KL term so that the update trains every tree (a random model fails every rollout).
+STEP=(--set data.max_turns=4 --set data.max_tokens_per_turn=128 --set data.max_tokens_per_rollout=1024
+      --set optim.kl_coef=0.001 --set optim.micro_batch_rollouts=8 --set run.seed=0)
+for kv in ${STEP_SET:-}; do STEP+=(--set "$kv"); done  # e.g. a dry run's smaller step
+STAGES=${STAGES:-train engine}  # a subset, when the machine's time is short
+for precision in bfloat16 float32; do
+    [[ " $STAGES " == *" train "* ]] || break
+    echo "== train step, policy.precision=$precision"
+    timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
+        --set policy.precision=$precision > "$OUT/train-$precision.json" || echo "cuda_check: train step $precision failed"
+    show train_step_math "$OUT/train-$precision.json"
+done
+# The engine alone: 16 prompts of 512 tokens, 4 rollouts of 4 turns of 128 tokens, 64-token observations, 2
+# continuations per node (7 calls, 1,024 samples), float32 weights.
+for precision in bfloat16 float32; do
+    [[ " $STAGES " == *" engine "* ]] || break
+    echo "== engine, $precision compute"
+    timeout 90 python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
+        --precision $precision --seed 0 --num-prompts 16 --prompt-tokens 512 --rollouts 4 --turns 4 --turn-tokens 128 \
+        --observation-tokens 64 --continuations 2 ${ENGINE_ARGS:-} --json > "$OUT/engine-$precision.json" \
+        || echo "cuda_check: engine $precision failed"
+    show engine_throughput "$OUT/engine-$precision.json"
+done
+echo "== done"
