@@ -220,3 +220,26 @@ def test_tree_mask_with_an_attention_that_ignores_it_is_refused(step):
     other.config._attn_implementation = "flash_attention_2"  # would drop an arbitrary 4D mask
     with pytest.raises(ValueError, match="set_attn_implementation"):
         batch_logprobs(other, packed)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_trees_train_under_bfloat16_autocast_like_rollouts_do(step, attn):
+    """policy.precision=bfloat16: the packed tree mask (additive, float32) meets bfloat16 scores; the loss and the
+    gradients agree with the per-rollout ones under the same autocast to bfloat16's error."""
+    from tracerl.train.policy import autocast
+
+    model, trees, advs = step
+    policy = perturbed(model, MOVE, seed=2)
+    policy.set_attn_implementation(attn)
+    results = []
+    for batch in (rollout_batch(trees, advs), packed_batch(trees, advs)):
+        policy.zero_grad(set_to_none=True)
+        with autocast(torch.device("cpu"), torch.bfloat16):
+            loss, _ = batch_policy_loss(policy, batch)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (want_loss, want_grads), (got_loss, got_grads) = results
+    assert np.isfinite(got_loss) and got_loss == pytest.approx(want_loss, rel=0.05, abs=1e-3)
+    for name, g in want_grads.items():
+        scale = g.abs().max().item()
+        assert (got_grads[name] - g).abs().max().item() <= 0.1 * scale + 1e-6, f"{attn}: gradient of {name}"
