@@ -1,6 +1,7 @@
 """Shared test glue: a scripted engine that plays a domain's expert through the chat template; a FastAPI app served
 on loopback in a thread."""
 
+import json
 import socket
 import threading
 import time
@@ -62,6 +63,29 @@ def random_advantages(tree, seed: int) -> TreeAdvantages:
     leaves = tuple(tree.leaves())
     paths = tuple(tuple(tree.path(leaf)[1:]) for leaf in leaves)
     return TreeAdvantages(tree.prompt_id, leaves, paths, tuple(rng.normal(size=len(p)) for p in paths))
+
+
+# a small embedded multi-hop policy that builds in under a second: the trainer tests' policy
+SMALL_EMBEDDED = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48, "vocab_size": 400,
+                  "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "sft_steps": 30,
+                  "batch_size": 4, "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3,
+                  "max_tokens_per_turn": 24, "max_tokens_per_rollout": 200}
+
+
+def small_trainer_overrides(cache_dir, *more: str) -> list[str]:
+    """--set overrides for a trainer on SMALL_EMBEDDED (built in `cache_dir`): grpo, 2 prompts x 2 rollouts a step,
+    a KL term and a large learning rate, so that a step moves the weights; `more` is appended."""
+    return [f"policy.embedded={json.dumps(SMALL_EMBEDDED)}", f"policy.cache_dir={cache_dir}",
+            "data.num_train_prompts=40", "allocation.num_prompts=2", "allocation.rollouts_per_prompt=2",
+            "allocation.m_max=4", "run.eval_prompts=2", "run.eval_samples=1", "run.num_threads=1",
+            "run.progress=false", "run.tensorboard=false", "run.save_trees=false", "method=grpo",
+            "optim.kl_coef=0.05", "optim.lr=0.05", *more]
+
+
+def trees_random_advantages(method, trees, config) -> list[TreeAdvantages]:
+    """A stand-in for `compute_advantages` in a step: non-zero advantages whatever the rewards (a small policy rarely
+    succeeds), fixed by each tree's prompt."""
+    return [random_advantages(t, seed=sum(map(ord, str(t.prompt_id)))) for t in trees]
 
 
 def free_port() -> int:

@@ -6,7 +6,6 @@ what the adapted one computes; checkpoints restore the adapters; a LoRA run resu
 uninterrupted run; the KL reference is the adapter-free model; a missing GPU fails at load.
 """
 
-import json
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from helpers import random_advantages  # noqa: E402
+from helpers import SMALL_EMBEDDED, small_trainer_overrides, trees_random_advantages  # noqa: E402
 
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
@@ -26,10 +25,7 @@ from tracerl.train.config import load_config
 from tracerl.train.loss import token_logprobs
 from tracerl.train.policy import add_lora, load_policy, merged_state_dict, resolve_device, trainable_parameters
 
-SMALL = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48, "vocab_size": 400,
-         "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "sft_steps": 30, "batch_size": 4,
-         "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3, "max_tokens_per_turn": 24,
-         "max_tokens_per_rollout": 200}
+SMALL = SMALL_EMBEDDED
 VOCAB = 97
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, seed=0)
 
@@ -177,16 +173,7 @@ def test_an_engine_without_a_device_leaves_the_model_where_it_is():
 def small_policy(tmp_path_factory):
     """--set overrides for a trainer with LoRA on a small embedded policy (built on first use, under a second)."""
     cache = tmp_path_factory.mktemp("policy-cache")
-    return [f"policy.embedded={json.dumps(SMALL)}", f"policy.cache_dir={cache}", "policy.lora_rank=4",
-            "policy.device=auto", "data.num_train_prompts=40", "allocation.num_prompts=2",
-            "allocation.rollouts_per_prompt=2", "allocation.m_max=4", "run.eval_prompts=2", "run.eval_samples=1",
-            "run.num_threads=1", "run.progress=false", "run.tensorboard=false", "run.save_trees=false",
-            "method=grpo", "optim.kl_coef=0.05", "optim.lr=0.05"]
-
-
-def _random_advantages(method, trees, config):
-    """Non-zero advantages whatever the rewards (the small policy rarely succeeds), fixed by each tree's prompt."""
-    return [random_advantages(t, seed=sum(map(ord, str(t.prompt_id)))) for t in trees]
+    return small_trainer_overrides(cache, "policy.lora_rank=4", "policy.device=auto")
 
 
 def _comparable(row):
@@ -197,7 +184,7 @@ def test_a_lora_run_trains_only_the_adapters_and_resumes_exactly(small_policy, t
     from tracerl.core import step as step_module
     from tracerl.train.trainer import Trainer
 
-    monkeypatch.setattr(step_module, "compute_advantages", _random_advantages)  # the step computes them
+    monkeypatch.setattr(step_module, "compute_advantages", trees_random_advantages)  # the step computes them
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
     trainer = Trainer(config)
     assert trainer.device == resolve_device("auto") and trainer.ref_model is None, "LoRA needs no second model for KL"

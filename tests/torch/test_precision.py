@@ -10,15 +10,13 @@ rounding, and agree with them to bfloat16's error); a value outside float32/bflo
 choices.
 """
 
-import json
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from helpers import random_advantages  # noqa: E402
+from helpers import small_trainer_overrides, trees_random_advantages  # noqa: E402
 
 from tracerl.engines.tiny import tiny_qwen3  # noqa: E402
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
@@ -27,10 +25,6 @@ from tracerl.train.config import load_config  # noqa: E402
 from tracerl.train.loss import token_logprobs  # noqa: E402
 from tracerl.train.policy import autocast, compute_dtype  # noqa: E402
 
-SMALL = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48, "vocab_size": 400,
-         "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "sft_steps": 30, "batch_size": 4,
-         "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3, "max_tokens_per_turn": 24,
-         "max_tokens_per_rollout": 200}
 SAMPLE = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
 
 
@@ -84,21 +78,11 @@ def test_the_loss_forward_runs_in_bfloat16_with_float32_logits():
 
 @pytest.fixture(scope="module")
 def small_policy(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("policy-cache")
-    return [f"policy.embedded={json.dumps(SMALL)}", f"policy.cache_dir={cache}", "policy.precision=bfloat16",
-            "data.num_train_prompts=40", "allocation.num_prompts=2", "allocation.rollouts_per_prompt=2",
-            "allocation.m_max=4", "run.eval_prompts=2", "run.eval_samples=1", "run.num_threads=1",
-            "run.progress=false", "run.tensorboard=false", "run.save_trees=false", "method=grpo",
-            "optim.kl_coef=0.05", "optim.lr=0.05"]
+    return small_trainer_overrides(tmp_path_factory.mktemp("policy-cache"), "policy.precision=bfloat16")
 
 
 def _comparable(row):
     return {k: v for k, v in row.items() if not k.startswith("sys/") and k != "alloc/overhead_frac"}
-
-
-def _random_advantages(method, trees, config):
-    """Non-zero advantages whatever the rewards (the small policy rarely succeeds), fixed by each tree's prompt."""
-    return [random_advantages(t, seed=sum(map(ord, str(t.prompt_id)))) for t in trees]
 
 
 def test_a_bfloat16_step_keeps_float32_state_moves_the_weights_and_resumes_exactly(small_policy, tmp_path,
@@ -106,7 +90,7 @@ def test_a_bfloat16_step_keeps_float32_state_moves_the_weights_and_resumes_exact
     from tracerl.core import step as step_module
     from tracerl.train.trainer import Trainer
 
-    monkeypatch.setattr(step_module, "compute_advantages", _random_advantages)  # the step computes them
+    monkeypatch.setattr(step_module, "compute_advantages", trees_random_advantages)  # the step computes them
 
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
     trainer = Trainer(config)
