@@ -6,7 +6,6 @@ what the adapted one computes; checkpoints restore the adapters; a LoRA run resu
 uninterrupted run; the KL reference is the adapter-free model; a missing GPU fails at load.
 """
 
-
 import numpy as np
 import pytest
 
