@@ -3,8 +3,9 @@
 # "A Qwen3-0.6B-sized check without downloads"): a random-weight model of Qwen3-0.6B's architecture, built from its
 # config; one TRACE training step on math (train_step_math.py) in bfloat16 mixed precision and in float32; then the
 # transformers engine alone on a step-sized tree workload (engine_throughput.py) in both precisions. Each stage has
-# its own time limit, so one that stalls still leaves the others' figures; JSON results go to $OUT (default
-# /tmp/cuda-check), the log to $OUT/log.txt.
+# its own time limit (STEP_TIMEOUT, ENGINE_TIMEOUT: 200 s each; the first H200 run needed 83 s for a float32 step
+# and would need ~110 s for the engine's workload), so one that stalls still leaves the others' figures; STAGES
+# ("train engine") picks stages. JSON results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt.
 #
 #   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
 #   DEVICE=cpu MODEL_OVERRIDES='{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
@@ -48,7 +49,7 @@ PY
 STEP=(--set data.max_turns=4 --set data.max_tokens_per_turn=128 --set data.max_tokens_per_rollout=1024
       --set optim.kl_coef=0.001 --set optim.micro_batch_rollouts=8 --set run.seed=0)
 for kv in ${STEP_SET:-}; do STEP+=(--set "$kv"); done  # e.g. a dry run's smaller step
-STAGES=${STAGES:-train engine}  # a subset, when the machine's time is short
+STAGES=${STAGES:-train engine}
 for precision in bfloat16 float32; do
     [[ " $STAGES " == *" train "* ]] || break
     echo "== train step, policy.precision=$precision"
@@ -61,7 +62,7 @@ done
 for precision in bfloat16 float32; do
     [[ " $STAGES " == *" engine "* ]] || break
     echo "== engine, $precision compute"
-    timeout 90 python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
+    timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
         --precision $precision --seed 0 --num-prompts 16 --prompt-tokens 512 --rollouts 4 --turns 4 --turn-tokens 128 \
         --observation-tokens 64 --continuations 2 ${ENGINE_ARGS:-} --json > "$OUT/engine-$precision.json" \
         || echo "cuda_check: engine $precision failed"
