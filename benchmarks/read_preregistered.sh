@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The reading of a pre-registered testbed once every planned run is complete (benchmarks/preregistration.md,
+# amendment 5), in one go and in the planned order:
+#
+#   1. the frozen tree's reports over the runs: FROZEN is the checkout the runs were trained with; its own
+#      benchmarks/preregistered.sh --report-only writes them under FROZEN/benchmarks/results/preregistered-<testbed>/;
+#   2. this tree's reports and verdict over the same runs (benchmarks/preregistered.sh --report-only here, which
+#      ends with `tracerl verdict` -> primary.md); runs/preregistered/<testbed> here must be those runs (a link to
+#      FROZEN/runs/preregistered/<testbed> is made when it is missing);
+#   3. benchmarks/same_report.py on each pair of reports (against grpo, against pcl): this tree's must hold every
+#      field of the frozen tree's, or the script stops before anyone reads primary.md.
+#
+#   benchmarks/read_preregistered.sh default|headroom FROZEN
+#
+# It refuses to read a testbed whose planned runs are not all complete (30 seeds for default, 41 for headroom):
+# the plan reads each testbed only at its planned count.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+testbed=${1:?"name a testbed: default or headroom"}
+frozen=$(cd "${2:?"name the frozen tree (the checkout the runs were trained with)"}" && pwd)
+case "$testbed" in
+  default) config=configs/trace.toml; seeds=30; planned=30 ;;
+  headroom) config=configs/trace-headroom.toml; seeds=0-40; planned=41 ;;
+  *) echo "unknown testbed $testbed: use default or headroom" >&2; exit 2 ;;
+esac
+runs=runs/preregistered/$testbed
+if [ ! -e "$runs" ]; then
+  mkdir -p runs/preregistered
+  ln -s "$frozen/$runs" "$runs"
+fi
+status=$(tracerl compare --methods grpo,pcl,trace --seeds "$seeds" --out "$runs" --config "$config" \
+  --set run.num_steps=24 --status)
+complete=$(grep -cE "^\| (grpo|pcl|trace) \| $planned of $planned \|" <<< "$status" || true)
+if [ "$complete" != 3 ]; then
+  echo "$status" >&2
+  echo "read_preregistered: $testbed is not complete ($planned seeds of each method planned); not read" >&2
+  exit 1
+fi
+(cd "$frozen" && PYTHONPATH="$frozen/src" benchmarks/preregistered.sh "$testbed" "$seeds" --report-only)
+benchmarks/preregistered.sh "$testbed" "$seeds" --report-only
+mine=benchmarks/results/preregistered-$testbed
+theirs=$frozen/benchmarks/results/preregistered-$testbed
+python benchmarks/same_report.py "$theirs/compare.json" "$mine/compare.json"
+python benchmarks/same_report.py "$theirs/vs-pcl/compare.json" "$mine/vs-pcl/compare.json"
+echo "read_preregistered: $testbed read; the frozen tree's reports in $theirs, this tree's and the verdict in $mine"
