@@ -169,12 +169,15 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
     from tracerl.bench.engine import run_workload
     from tracerl.engines.transformers_engine import TransformersEngine
     from tracerl.io.engine import SamplingParams
+    from tracerl.train.policy import compute_dtype
 
-    compute = torch.bfloat16 if args.precision == "bfloat16" else None
+    compute = compute_dtype(args.precision)  # as policy.precision maps it
     loaded = TransformersEngine.from_pretrained(model_dir, device=args.device, max_batch_size=1, dtype=args.dtype,
                                                 compute_dtype=compute)
     loaded.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4, seed=0))  # first-call overheads out of the timing
-    engine = TransformersEngine(loaded.model, device=args.device, max_batch_size=args.max_batch_size,
+    model = loaded.model
+    del loaded  # its compute_dtype copy, if any: the timed engine makes its own
+    engine = TransformersEngine(model, device=args.device, max_batch_size=args.max_batch_size,
                                 cache_capacity_tokens=args.cache_tokens, compute_dtype=compute)
     cuda = args.device.startswith("cuda")
     if cuda:

@@ -58,29 +58,39 @@ def software_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
 
 
-def build_tiny_model_dir(path: str | Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
-                         max_position_embeddings: int = 8192) -> Path:
-    """Save a random tiny Qwen3 and a tokenizer with tracerl's chat template to `path`; returns the path.
-
-    The tokenizer is trained on 64 math training questions and tool-call snippets (vocabulary ~600), so the math
-    domain's prompts encode to a few hundred tokens; the model's vocabulary is the tokenizer's size."""
-    from tracerl.engines.tiny import tiny_qwen3
+def smoke_tokenizer(seed: int = 0):
+    """A byte-level BPE tokenizer with tracerl's chat template, trained on 64 math training questions and tool-call
+    snippets (vocabulary ~600), so the math domain's prompts encode to a few hundred tokens."""
     from tracerl.io.domains.math import SYSTEM_PROMPT, MathDomain
     from tracerl.io.tokenizer import train_tokenizer
 
-    quiet_transformers()
-    path = Path(path)
     rows = MathDomain().rows("train", 64, seed=seed)
     texts = [m["content"] for r in rows for m in r["prompt"]] + [SYSTEM_PROMPT] * 4
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(1 + 2)"}}</tool_call> <answer>3</answer>'
     texts += [call] * 20
-    tokenizer = train_tokenizer(texts, vocab_size=600)
-    model = tiny_qwen3(vocab_size=len(tokenizer), hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
-                       num_kv_heads=2, seed=seed, max_position_embeddings=max_position_embeddings)
+    return train_tokenizer(texts, vocab_size=600)
+
+
+def save_model_dir(path: str | Path, model, tokenizer) -> Path:
+    """Save `model` and `tokenizer` to `path` as a downloaded model directory is laid out; returns the path."""
+    quiet_transformers()
+    path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_tiny_model_dir(path: str | Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                         max_position_embeddings: int = 8192) -> Path:
+    """Save a random tiny Qwen3 and the smoke tokenizer to `path`; returns the path. The model's vocabulary is the
+    tokenizer's size."""
+    from tracerl.engines.tiny import tiny_qwen3
+
+    tokenizer = smoke_tokenizer(seed)
+    model = tiny_qwen3(vocab_size=len(tokenizer), hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
+                       num_kv_heads=2, seed=seed, max_position_embeddings=max_position_embeddings)
+    return save_model_dir(path, model, tokenizer)
 
 
 # Qwen3-0.6B's architecture as its published config.json gives it (596M parameters with tied embeddings)
@@ -102,14 +112,12 @@ def build_sized_model_dir(path: str | Path, size: str, *, seed: int = 0, **overr
 
     if size not in SIZES:
         raise SystemExit(f"--random-model {size!r}: choose one of {sorted(SIZES)}")
-    path = build_tiny_model_dir(path, seed=seed)  # the tokenizer (and a tiny model, replaced below)
     fields = {**SIZES[size], **override}
     config = Qwen3Config(**fields, use_sliding_window=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
-    model.save_pretrained(path)
-    return path
+    return save_model_dir(path, model, smoke_tokenizer(seed))
 
 
 def add_random_model_arg(parser) -> None:
