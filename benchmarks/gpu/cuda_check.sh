@@ -3,9 +3,11 @@
 # "A Qwen3-0.6B-sized check without downloads"): a random-weight model of Qwen3-0.6B's architecture, built from its
 # config; one TRACE training step on math (train_step_math.py) in bfloat16 mixed precision and in float32; then the
 # transformers engine alone on a step-sized tree workload (engine_throughput.py) in both precisions. Each stage has
-# its own time limit (STEP_TIMEOUT, ENGINE_TIMEOUT: 200 s each; the first H200 run needed 83 s for a float32 step
-# and would need ~110 s for the engine's workload), so one that stalls still leaves the others' figures; STAGES
-# ("train engine") picks stages. JSON results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt.
+# its own time limit (STEP_TIMEOUT, ENGINE_TIMEOUT: 200 s each; a float32 step took 83 s on an H200 and 75 s on an
+# H100, and the engine's workload is sized to ~25 s), so one that stalls still leaves the others' figures. STAGES
+# ("train engine") picks the stages and their order, PRECISIONS ("bfloat16 float32") the precisions in each; JSON
+# results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt. Every stage needs the math domain's
+# packages (the smoke tokenizer is trained on its questions): give WHEELS on a machine without them.
 #
 #   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
 #   DEVICE=cpu MODEL_OVERRIDES='{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
@@ -50,22 +52,34 @@ STEP=(--set data.max_turns=4 --set data.max_tokens_per_turn=128 --set data.max_t
       --set optim.kl_coef=0.001 --set optim.micro_batch_rollouts=8 --set run.seed=0)
 for kv in ${STEP_SET:-}; do STEP+=(--set "$kv"); done  # e.g. a dry run's smaller step
 STAGES=${STAGES:-train engine}
-for precision in bfloat16 float32; do
-    [[ " $STAGES " == *" train "* ]] || break
-    echo "== train step, policy.precision=$precision"
-    timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
-        --set policy.precision=$precision > "$OUT/train-$precision.json" || echo "cuda_check: train step $precision failed"
-    show train_step_math "$OUT/train-$precision.json"
-done
-# The engine alone: 16 prompts of 512 tokens, 4 rollouts of 4 turns of 128 tokens, 64-token observations, 2
-# continuations per node (7 calls, 1,024 samples), float32 weights.
-for precision in bfloat16 float32; do
-    [[ " $STAGES " == *" engine "* ]] || break
-    echo "== engine, $precision compute"
-    timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
-        --precision $precision --seed 0 --num-prompts 16 --prompt-tokens 512 --rollouts 4 --turns 4 --turn-tokens 128 \
-        --observation-tokens 64 --continuations 2 ${ENGINE_ARGS:-} --json > "$OUT/engine-$precision.json" \
-        || echo "cuda_check: engine $precision failed"
-    show engine_throughput "$OUT/engine-$precision.json"
+PRECISIONS=${PRECISIONS:-bfloat16 float32}
+train_stage() {
+    for precision in $PRECISIONS; do
+        echo "== train step, policy.precision=$precision"
+        timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
+            --set policy.precision=$precision > "$OUT/train-$precision.json" || echo "cuda_check: train step $precision failed"
+        show train_step_math "$OUT/train-$precision.json"
+    done
+}
+# The engine alone, sized as the trainer builds it (64 rows a forward, a 65,536-token KV store: engine_throughput's
+# own defaults, 128 rows and 131,072 tokens, ran out of an H100's 80 GB in float32), float32 weights: 4 prompts of
+# 512 tokens, 4 rollouts of 4 turns of 128 tokens, 64-token observations, 2 continuations per node (7 calls, 256
+# samples, 32,768 generated tokens: ~25 s at the ~1,300 tokens/s of the H100's float32 step).
+engine_stage() {
+    for precision in $PRECISIONS; do
+        echo "== engine, $precision compute"
+        timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
+            --precision $precision --seed 0 --max-batch-size 64 --cache-tokens 65536 --num-prompts 4 --prompt-tokens 512 --rollouts 4 --turns 4 --turn-tokens 128 \
+            --observation-tokens 64 --continuations 2 ${ENGINE_ARGS:-} --json > "$OUT/engine-$precision.json" \
+            || echo "cuda_check: engine $precision failed"
+        show engine_throughput "$OUT/engine-$precision.json"
+    done
+}
+for stage in $STAGES; do
+    case $stage in
+        train) train_stage ;;
+        engine) engine_stage ;;
+        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train and engine)"; exit 2 ;;
+    esac
 done
 echo "== done"

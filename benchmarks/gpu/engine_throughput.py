@@ -33,6 +33,7 @@ first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -85,6 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--concurrency", type=int, default=64, help="requests in flight to the server")
     e.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default; 1 is fastest for "
                                                          "the tiny model on a busy 2-core machine)")
+    e.add_argument("--profile", metavar="FILE",
+                   help="run the transformers engine's workload under torch.profiler and write its operator table "
+                        "(sorted by device time, then by host time) to FILE; the timing then includes the "
+                        "profiler's overhead")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown table")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.engines.split(",") if n.strip()] or (
@@ -163,6 +168,23 @@ def token_range(model_dir: str) -> int:
         return vocab
 
 
+@contextlib.contextmanager
+def profiled(path: str | None, cuda: bool):
+    """torch.profiler around the block when `path` is given; its operator tables go to `path`."""
+    if not path:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    table = prof.key_averages()
+    by_device = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    Path(path).write_text(f"sorted by {by_device}\n{table.table(sort_by=by_device, row_limit=30)}\n\n"
+                          f"sorted by cpu_time_total\n{table.table(sort_by='cpu_time_total', row_limit=30)}\n")
+
+
 def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dict, list]:
     import torch
 
@@ -184,7 +206,8 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    calls = run_workload(engine, cfg)
+    with profiled(args.profile, cuda):
+        calls = run_workload(engine, cfg)
     seconds = time.perf_counter() - t0
     s = engine.stats
     requested = s["prefill_tokens_computed"] + s["prefill_tokens_reused"]

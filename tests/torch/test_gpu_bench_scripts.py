@@ -85,6 +85,16 @@ def test_engine_throughput_transformers_and_server(scripts, model_dir, served, c
     assert "CPU" in table
 
 
+def test_engine_throughput_profile_writes_the_operator_tables(scripts, model_dir, tmp_path):
+    path = tmp_path / "profile.txt"
+    result = scripts["engine_throughput"].main(["--model", str(model_dir), "--device", "cpu", "--profile", str(path),
+                                                *SMALL])
+    assert result["engines"][0]["generated_tokens"] == 36 * 4  # the same workload, profiled
+    text = path.read_text()
+    assert "sorted by self_cpu_time_total" in text and "sorted by cpu_time_total" in text
+    assert "aten::" in text  # the forwards' operators were recorded
+
+
 def test_engine_throughput_names_a_server_that_does_not_answer(scripts):
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SystemExit, match=f"no server answers at {url}"):
