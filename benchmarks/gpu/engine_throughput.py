@@ -185,6 +185,21 @@ def profiled(path: str | None, cuda: bool):
                           f"sorted by cpu_time_total\n{table.table(sort_by='cpu_time_total', row_limit=30)}\n")
 
 
+def kv_bytes_per_token(config, dtype) -> int:
+    """Bytes of keys and values one token takes in every layer of a full-attention model."""
+    import torch
+
+    text = config.get_text_config(decoder=True)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def longest_sequence(args: argparse.Namespace) -> int:
+    """Tokens of the workload's longest sequence: the prompt, every turn and the observations between them."""
+    return args.prompt_tokens + args.turns * args.turn_tokens + (args.turns - 1) * args.observation_tokens
+
+
 def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dict, list]:
     import torch
 
@@ -201,13 +216,23 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
     del loaded  # its compute_dtype copy, if any: the timed engine makes its own
     engine = TransformersEngine(model, device=args.device, max_batch_size=args.max_batch_size,
                                 cache_capacity_tokens=args.cache_tokens, compute_dtype=compute)
+    per_token = kv_bytes_per_token(model.config, compute or next(model.parameters()).dtype)
+    kv = {"kv_bytes_per_token": per_token, "kv_store_gib_max": args.cache_tokens * per_token / 2**30,
+          "kv_batch_gib_max": args.max_batch_size * longest_sequence(args) * per_token / 2**30}
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    with profiled(args.profile, cuda):
-        calls = run_workload(engine, cfg)
+    try:
+        with profiled(args.profile, cuda):
+            calls = run_workload(engine, cfg)
+    except torch.OutOfMemoryError:
+        raise SystemExit(
+            f"engine_throughput: the GPU ran out of memory. Keys and values take {per_token:,} bytes a token here: "
+            f"the store up to {kv['kv_store_gib_max']:.1f} GiB (--cache-tokens {args.cache_tokens}) and a batch up "
+            f"to {kv['kv_batch_gib_max']:.1f} GiB (--max-batch-size {args.max_batch_size} rows of up to "
+            f"{longest_sequence(args)} tokens), beside the weights; lower --max-batch-size or --cache-tokens") from None
     seconds = time.perf_counter() - t0
     s = engine.stats
     requested = s["prefill_tokens_computed"] + s["prefill_tokens_reused"]
@@ -221,7 +246,7 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
         "hit_rate_from": "engine counters: prefill_tokens_reused / (computed + reused)",
         "prefill_tokens_computed": s["prefill_tokens_computed"], "prefill_tokens_reused": s["prefill_tokens_reused"],
         "cache_evictions": s["cache_evictions"], "forward_passes": s["forward_passes"],
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, **kv,
     }, calls
 
 
@@ -313,7 +338,7 @@ def run(args: argparse.Namespace) -> dict:
                                 observation_tokens=args.observation_tokens,
                                 branch_depths=tuple(range(1, args.turns)), continuations_per_branch=args.continuations,
                                 temperature=args.temperature, seed=seed)
-        longest = args.prompt_tokens + args.turns * args.turn_tokens + (args.turns - 1) * args.observation_tokens
+        longest = longest_sequence(args)
         rows, calls = [], None
         if "transformers" in args.engines:
             row, calls = run_transformers(model_dir, cfg, args)

@@ -93,6 +93,19 @@ def test_engine_throughput_profile_writes_the_operator_tables(scripts, model_dir
     text = path.read_text()
     assert "sorted by self_cpu_time_total" in text and "sorted by cpu_time_total" in text
     assert "aten::" in text  # the forwards' operators were recorded
+    row = result["engines"][0]
+    assert row["kv_bytes_per_token"] > 0 and row["kv_store_gib_max"] > 0 and row["kv_batch_gib_max"] > 0
+
+
+def test_kv_bytes_per_token_of_the_sized_model(scripts):
+    import torch
+    from transformers import Qwen3Config
+
+    mod, common = scripts["engine_throughput"], scripts["gpu_bench_common"]
+    config = Qwen3Config(**common.QWEN3_0_6B)
+    # 2 (keys, values) x 28 layers x 8 key/value heads x 128 dims x 4 bytes
+    assert mod.kv_bytes_per_token(config, torch.float32) == 229_376
+    assert mod.kv_bytes_per_token(config, torch.bfloat16) == 114_688
 
 
 def test_engine_throughput_names_a_server_that_does_not_answer(scripts):
