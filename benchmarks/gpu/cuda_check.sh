@@ -6,8 +6,9 @@
 # its own time limit (STEP_TIMEOUT, ENGINE_TIMEOUT: 200 s each; a float32 step took 83 s on an H200 and 75 s on an
 # H100, and the engine's workload is sized to ~25 s), so one that stalls still leaves the others' figures. STAGES
 # ("train engine") picks the stages and their order, PRECISIONS ("bfloat16 float32") the precisions in each; JSON
-# results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt. Every stage needs the math domain's
-# packages (the smoke tokenizer is trained on its questions): give WHEELS on a machine without them.
+# results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt. STAGES may also name profile: the engine
+# on a small workload under torch.profiler, to tell launch overhead from compute. Every stage needs the math
+# domain's packages (the smoke tokenizer is trained on its questions): give WHEELS on a machine without them.
 #
 #   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
 #   DEVICE=cpu MODEL_OVERRIDES='{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
@@ -75,11 +76,24 @@ engine_stage() {
         show engine_throughput "$OUT/engine-$precision.json"
     done
 }
+# The engine under torch.profiler on a small workload (1 prompt, 4 rollouts of 2 turns of 32 tokens): its operator
+# tables, by device and by host time, to $OUT/profile-<precision>.txt; its timing includes the profiler's overhead.
+profile_stage() {
+    for precision in $PRECISIONS; do
+        echo "== engine under the profiler, $precision compute"
+        timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
+            --precision $precision --seed 0 --max-batch-size 64 --cache-tokens 65536 --num-prompts 1 --prompt-tokens 512 \
+            --rollouts 4 --turns 2 --turn-tokens 32 --observation-tokens 64 --profile "$OUT/profile-$precision.txt" \
+            > /dev/null || echo "cuda_check: profile $precision failed"
+        head -n 24 "$OUT/profile-$precision.txt" 2>/dev/null
+    done
+}
 for stage in $STAGES; do
     case $stage in
         train) train_stage ;;
         engine) engine_stage ;;
-        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train and engine)"; exit 2 ;;
+        profile) profile_stage ;;
+        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine and profile)"; exit 2 ;;
     esac
 done
 echo "== done"
