@@ -10,8 +10,8 @@
 # SEEDS as for tracerl compare: a count (30: seeds 0..29), a list (0,3) or a range (100-104, the headroom pilot).
 # Further arguments go to `tracerl compare`: `--jobs 16` trains 16 runs at a time, `--set run.eval_prompts=256`
 # applies the pre-registered rule for fewer questions, `--report-only` writes the reports alone.
-# The runs go to runs/preregistered/<testbed>/ and the reports (compare.md, compare.json, plots) are copied to
-# benchmarks/results/preregistered-<testbed>/ (against grpo) and .../vs-pcl/ (against pcl).
+# The runs go to runs/preregistered/<testbed>/ and the reports are copied to benchmarks/results/preregistered-<testbed>/
+# (compare.md, compare.json and the plots, against grpo) and .../vs-pcl/ (compare.md and compare.json, against pcl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 testbed=${1:?"name a testbed: default or headroom"}
@@ -31,6 +31,6 @@ mkdir -p "$dest/vs-pcl"
 cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/
 tracerl compare --methods grpo,pcl,trace --seeds "$seeds" --baseline pcl --out "$out" "${common[@]}" "$@" \
     --report-only
-cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/vs-pcl/
+cp "$out"/compare.md "$out"/compare.json "$dest"/vs-pcl/  # the plots do not depend on the baseline: once, above
 tracerl verdict "$dest" "$dest/vs-pcl" --planned-seeds "$planned" --out "$dest" > /dev/null
 echo "preregistered: $testbed -> $dest (against grpo), $dest/vs-pcl (against pcl), $dest/primary.md (the verdict)"

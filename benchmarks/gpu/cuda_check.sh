@@ -54,45 +54,41 @@ STEP=(--set data.max_turns=4 --set data.max_tokens_per_turn=128 --set data.max_t
 for kv in ${STEP_SET:-}; do STEP+=(--set "$kv"); done  # e.g. a dry run's smaller step
 STAGES=${STAGES:-train engine}
 PRECISIONS=${PRECISIONS:-bfloat16 float32}
-train_stage() {
-    for precision in $PRECISIONS; do
-        echo "== train step, policy.precision=$precision"
-        timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
-            --set policy.precision=$precision > "$OUT/train-$precision.json" || echo "cuda_check: train step $precision failed"
-        show train_step_math "$OUT/train-$precision.json"
-    done
+train_stage() {  # one precision
+    echo "== train step, policy.precision=$1"
+    timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
+        --set policy.precision=$1 > "$OUT/train-$1.json" || echo "cuda_check: train step $1 failed"
+    show train_step_math "$OUT/train-$1.json"
 }
-# The engine alone, sized as the trainer builds it (64 rows a forward, a 65,536-token KV store: engine_throughput's
-# own defaults, 128 rows and 131,072 tokens, ran out of an H100's 80 GB in float32), float32 weights: 4 prompts of
-# 512 tokens, 4 rollouts of 4 turns of 128 tokens, 64-token observations, 2 continuations per node (7 calls, 256
-# samples, 32,768 generated tokens: ~25 s at the ~1,300 tokens/s of the H100's float32 step).
-engine_stage() {
-    for precision in $PRECISIONS; do
-        echo "== engine, $precision compute"
-        timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
-            --precision $precision --seed 0 --max-batch-size 64 --cache-tokens 65536 --num-prompts 4 --prompt-tokens 512 --rollouts 4 --turns 4 --turn-tokens 128 \
-            --observation-tokens 64 --continuations 2 ${ENGINE_ARGS:-} --json > "$OUT/engine-$precision.json" \
-            || echo "cuda_check: engine $precision failed"
-        show engine_throughput "$OUT/engine-$precision.json"
-    done
+# engine_throughput.py on the engine sized as the trainer builds it (64 rows a forward, a 65,536-token KV store:
+# engine_throughput's own defaults, 128 rows and 131,072 tokens, ran out of an H100's 80 GB in float32), float32
+# weights, prompts of 512 tokens, 4 rollouts each, 64-token observations, 2 continuations per node; the arguments
+# after the precision shape the rest of the workload.
+engine_run() {
+    local precision=$1; shift
+    timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" \
+        --dtype float32 --precision "$precision" --seed 0 --max-batch-size 64 --cache-tokens 65536 --prompt-tokens 512 \
+        --rollouts 4 --observation-tokens 64 --continuations 2 "$@"
 }
-# The engine under torch.profiler on a small workload (1 prompt, 4 rollouts of 2 turns of 32 tokens): its operator
-# tables, by device and by host time, to $OUT/profile-<precision>.txt; its timing includes the profiler's overhead.
-profile_stage() {
-    for precision in $PRECISIONS; do
-        echo "== engine under the profiler, $precision compute"
-        timeout ${ENGINE_TIMEOUT:-200} python3 benchmarks/gpu/engine_throughput.py --model "$MODEL" --device "$DEVICE" --dtype float32 \
-            --precision $precision --seed 0 --max-batch-size 64 --cache-tokens 65536 --num-prompts 1 --prompt-tokens 512 \
-            --rollouts 4 --turns 2 --turn-tokens 32 --observation-tokens 64 --profile "$OUT/profile-$precision.txt" \
-            > /dev/null || echo "cuda_check: profile $precision failed"
-        head -n 24 "$OUT/profile-$precision.txt" 2>/dev/null
-    done
+# The engine alone: 4 prompts, 4 turns of 128 tokens (7 calls, 256 samples, 32,768 generated tokens: ~25 s at the
+# ~1,300 tokens/s of the H100's float32 step).
+engine_stage() {  # one precision
+    echo "== engine, $1 compute"
+    engine_run "$1" --num-prompts 4 --turns 4 --turn-tokens 128 ${ENGINE_ARGS:-} --json > "$OUT/engine-$1.json" \
+        || echo "cuda_check: engine $1 failed"
+    show engine_throughput "$OUT/engine-$1.json"
+}
+# The engine under torch.profiler on a small workload (1 prompt, 2 turns of 32 tokens): its operator tables, by
+# device and by host time, to $OUT/profile-<precision>.txt; its timing includes the profiler's overhead.
+profile_stage() {  # one precision
+    echo "== engine under the profiler, $1 compute"
+    engine_run "$1" --num-prompts 1 --turns 2 --turn-tokens 32 --profile "$OUT/profile-$1.txt" > /dev/null \
+        || echo "cuda_check: profile $1 failed"
+    head -n 24 "$OUT/profile-$1.txt" 2>/dev/null
 }
 for stage in $STAGES; do
     case $stage in
-        train) train_stage ;;
-        engine) engine_stage ;;
-        profile) profile_stage ;;
+        train|engine|profile) for precision in $PRECISIONS; do "${stage}_stage" "$precision"; done ;;
         *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine and profile)"; exit 2 ;;
     esac
 done
