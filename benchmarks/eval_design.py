@@ -10,7 +10,10 @@ policy learnt) and its evaluation (which held-out questions, which samples). Wit
     var_seed(n) = var_train + s_q^2 / n,        var_train = var_seed(n0) - s_q^2 / n0
 
 where s_q is the spread of the paired difference per question (compare.json, `resolution.sd_paired_per_question`,
-against the table's baseline) and var_seed(n0) the variance of the pilot's per-seed differences. A seed costs its
+against the table's baseline) and var_seed(n0) the variance of the pilot's per-seed differences. The model assumes
+each seed draws its own held-out questions from a large pool (math and function calling generate them from the
+seed); where seeds share most of their questions (the multihop testbeds draw from a fixed test split), question
+sampling does not spread the seeds, s_q^2 / n0 can exceed var_seed, and the script says the model does not apply. A seed costs its
 training seconds (every run's `sys/step_seconds`) plus its evaluations' seconds, which scale with the questions:
 cost(n) = train + eval(n0) * n / n0, read from the runs' metrics.jsonl (an evaluation copied from another run of the
 seed, `tracerl compare`'s shared step-0 evaluation, counts once). For each question count the script prints the
@@ -123,12 +126,16 @@ def main() -> None:
     diffs = pairs[name]
     res = summary["resolution"]
     n0, sd_q = int(res["num_questions"]), 100 * float(res["sd_paired_per_question"])
-    labels = list(summary["methods"])
-    costs = seed_costs(args.runs_dir, labels, list(summary["seeds"]))
-    cost = SeedCost(float(np.mean([c.train_seconds for c in costs])), float(np.mean([c.eval_seconds for c in costs])))
     var_seed = float(np.var(diffs, ddof=1))
     var_eval = sd_q ** 2 / n0
     var_train = max(var_seed - var_eval, 0.0)
+    if var_eval > var_seed:
+        raise SystemExit(f"{name}: the evaluation's part alone (sd {math.sqrt(var_eval):.2f} points) exceeds the "
+                         f"per-seed spread (sd {math.sqrt(var_seed):.2f}): the seeds share most of their held-out "
+                         "questions, so this model (independent questions per seed) does not apply")
+    labels = list(summary["methods"])
+    costs = seed_costs(args.runs_dir, labels, list(summary["seeds"]))
+    cost = SeedCost(float(np.mean([c.train_seconds for c in costs])), float(np.mean([c.eval_seconds for c in costs])))
     questions = sorted({int(q) for q in args.questions.split(",") if q} | {n0})
     print(f"{args.runs_dir}: {name}, {len(diffs)} seeds, per-seed sd {math.sqrt(var_seed):.2f} points at {n0} "
           f"questions; the evaluation's part sd {math.sqrt(var_eval):.2f} (paired sd {sd_q:.1f} points per "

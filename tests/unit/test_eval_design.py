@@ -67,3 +67,15 @@ def test_more_questions_win_when_the_evaluation_dominates(eval_design):
                                                         questions=[64, 1024], effect=1.0, target=0.8,
                                                         alpha=0.05, planned_seeds=20)}
     assert rows[1024].total_cost < rows[64].total_cost
+
+
+def test_seeds_sharing_their_questions_are_refused(eval_design, tmp_path, monkeypatch):
+    """Per-seed differences spread less than question sampling alone would make them: the model does not apply."""
+    per_seed = [0.010, 0.012, 0.008, 0.011]  # sd 0.17 points, against 18 points per question over 256 questions
+    summary = {"baseline": "grpo", "seeds": [0, 1, 2, 3],
+               "methods": {"grpo": {}, "trace": {"diff_at_equal_tokens": {"per_seed": per_seed}}},
+               "resolution": {"num_questions": 256, "sd_paired_per_question": 0.18}}
+    (tmp_path / "compare.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(sys, "argv", ["eval_design.py", str(tmp_path)])
+    with pytest.raises(SystemExit, match="share most of their held-out questions"):
+        eval_design.main()
