@@ -2,7 +2,7 @@
 JSON object: per program, whether it was contained, with every layer on and with the audit hook off; and whether a
 thread hog in one sandbox starves another. Started by test_sandbox_nonroot.py under setpriv; stdlib only.
 
-argv: <folder holding sandbox.py and sandbox_child.py> <folder holding hostile.py>"""
+argv: <folder holding tracerl/io/sandbox.py and tracerl/io/sandbox_child.py, alone> <folder holding hostile.py>"""
 
 import json
 import os
@@ -13,17 +13,11 @@ import threading
 import time
 
 sys.path[:0] = sys.argv[1:3]
-import sandbox  # noqa: E402  (the copy in argv[1])
+from tracerl.io import sandbox  # noqa: E402  (the copy in argv[1])
 from hostile import HARDENING, NEEDS_THREADS, THREAD_HOG, Host  # noqa: E402
 
 started = []
 
-
-class Recording(subprocess.Popen):
-    def __init__(self, args, *rest, **kwargs):
-        super().__init__(args, *rest, **kwargs)
-        if "-c" in args and args[args.index("-c") + 1] == sandbox._LAUNCHER:
-            started.append(json.loads(args[-1])["workdir"])
 
 
 def survivors():
@@ -42,7 +36,7 @@ def survivors():
 
 
 def main():
-    sandbox.subprocess.Popen = Recording
+    sandbox._launched = lambda pid, workdir: started.append(workdir)
     outside = tempfile.mkdtemp(prefix="outside-")
     os.chmod(outside, 0o777)
     with open(os.path.join(outside, "secret.txt"), "w") as f:

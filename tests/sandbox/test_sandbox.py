@@ -8,7 +8,6 @@ left running. The layer tests switch off all layers but one to show that each ho
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import socket
 import subprocess
@@ -71,14 +70,7 @@ QUICK = SandboxLimits(wall_seconds=2.0)  # hostile runs that end by themselves o
 def spawned(monkeypatch):
     """Record the pid and workdir of every sandbox started during the test."""
     started: list[tuple[int, str]] = []
-
-    class Recording(subprocess.Popen):
-        def __init__(self, args, *rest, **kwargs):
-            super().__init__(args, *rest, **kwargs)
-            if "-c" in args and args[args.index("-c") + 1] == sandbox._LAUNCHER:
-                started.append((self.pid, json.loads(args[-1])["workdir"]))
-
-    monkeypatch.setattr(sandbox.subprocess, "Popen", Recording)
+    monkeypatch.setattr(sandbox, "_launched", lambda pid, workdir: started.append((pid, workdir)))
     return started
 
 

@@ -1,8 +1,9 @@
 """Run model-written Python in a contained child process and turn the outcome into an observation.
 
-`run_python(code)` starts a fresh interpreter (`-s -S`: no site, no user site, stdlib only) in its own
-session and process group, in a new temporary working directory that is removed afterwards, with an
-environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the workdir,
+`run_python(code)` runs a launcher (an interpreter started `-s -S`: no site, no user site, stdlib only; forked
+for each call from this process's warm launcher server, `_LaunchServer`, in the state a freshly started one
+would have) in its own session and process group, in a new temporary working directory that is removed
+afterwards, with an environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the workdir,
 PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
 live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
 applies these layers before the model's code runs; each one that took effect is listed in
@@ -88,11 +89,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Collection
+from typing import IO, Callable, Collection
+
+from tracerl.io.sandbox_child import read_message, write_message
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -161,9 +165,12 @@ class SandboxResult:
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
-               _disable: Collection[str] = ()) -> SandboxResult:
+               _disable: Collection[str] = (), _fresh: bool = False) -> SandboxResult:
     """Run `code` as a script in the sandbox and report what it printed and how it ended.
 
+    The launcher is forked from this process's warm launcher server (`_LaunchServer`), which saves starting an
+    interpreter per call; `_fresh` starts one instead (the benchmark's baseline; also the fallback on a kernel
+    without pidfds, which waiting on a process that is not our child needs). Both give the same launcher state.
     `_disable` switches off named layers (see LAYERS); it exists so the tests can show that each layer
     holds on its own, and must stay empty in real use.
     """
@@ -173,12 +180,17 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     python = _interpreter(drop=drop_uid)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
+    paths: list[str] = []
     cgroups = [] if "cgroup" in _disable else _make_cgroups(limits)
     report, disk_error = {}, None
     try:
-        files.extend(tempfile.TemporaryFile(dir=_private_parent()) for _ in range(4))
+        for _ in range(4):  # source, stdout, stderr, status: named until the launcher has opened them
+            fd, path = tempfile.mkstemp(dir=_private_parent())
+            files.append(os.fdopen(fd, "w+b"))
+            paths.append(path)
         source, out, err, status = files
         source.write(code.encode("utf-8", "surrogatepass"))
+        source.flush()
         source.seek(0)
         config = {"workdir": workdir, "uid": None, "drop_uid": drop_uid, "uid_base": UID_BASE, "cgroups": cgroups,
                   "status_fd": status.fileno(),
@@ -192,14 +204,29 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "PYTHONHASHSEED": "0"}
         start = time.monotonic()
-        proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, json.dumps(config)],
-                                stdin=source, stdout=out, stderr=err, pass_fds=(status.fileno(),),
-                                cwd=workdir, env=env, start_new_session=True)
+        server = None if _fresh or not _pidfds() else _LaunchServer.get(python)
+        if server is not None:
+            pid = server.launch(config, env, paths)
+            if pid is None:  # the server was gone: a new one, once
+                server = _LaunchServer.get(python)
+                pid = server.launch(config, env, paths)
+        for path in paths:  # the launcher has opened them (uid drop or Landlock keeps the code off them before)
+            os.unlink(path)
+        paths.clear()
+        if server is not None and pid is None:
+            raise SandboxError("the sandbox's launcher server ended twice in a row on one call")
+        if server is None:
+            proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, json.dumps(config)],
+                                    stdin=source, stdout=out, stderr=err, pass_fds=(status.fileno(),),
+                                    cwd=workdir, env=env, start_new_session=True)
+            pid = proc.pid
+        if _launched is not None:
+            _launched(pid, workdir)
         try:
-            timed_out = not _wait_for_exit(proc.pid, limits.wall_seconds)
+            timed_out = not _wait_for_exit(pid, limits.wall_seconds)
         finally:  # also on KeyboardInterrupt: nothing the code started outlives this call
-            _kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot have been reused
-            returncode = proc.wait()
+            _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
+            returncode = server.reap(pid) if server is not None else proc.wait()
         seconds = time.monotonic() - start
         out_of_memory = _cgroup_oom(cgroups)
         status.seek(0)
@@ -211,6 +238,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     finally:
         for f in files:
             f.close()
+        for path in paths:
+            os.unlink(path)
         _remove_tree(workdir)
         _remove_cgroups(cgroups)
     if "setup_error" in report:
@@ -518,6 +547,80 @@ def _remove_tree(path: str) -> None:
         problems.append(exc)
     if problems or os.path.lexists(root):
         warnings.warn(f"could not remove sandbox workdir {root}: {problems}", RuntimeWarning, stacklevel=3)
+
+
+# the tests' view of every launcher started: (its pid, the call's workdir)
+_launched: Callable[[int, str], None] | None = None
+
+
+@functools.cache
+def _pidfds() -> bool:
+    """Whether this kernel and Python give pidfds: waiting on a launcher that the server, not this process, forked
+    needs one (Linux >= 5.3, Python >= 3.9)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+class _LaunchServer:
+    """A warm launcher (`sandbox_child.serve`) per calling process and interpreter: it forks the launcher of each
+    call, which then applies every layer itself exactly as a freshly started one does, so a call pays a fork instead
+    of an interpreter's start, imports and the launcher's compilation. The server runs no model code, holds nothing
+    but the stdlib and the launcher, and is started with the environment all calls share; it ends with this
+    process. Calls from several threads take turns on its pipe (a launch and a reap each take a fork or a wait)."""
+
+    _servers: dict[tuple[int, str], "_LaunchServer"] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, python: str) -> None:
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, "--serve",
+                                      str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
+                                     env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"})
+
+    @classmethod
+    def get(cls, python: str) -> "_LaunchServer":
+        """This process's server for `python`, started on first use and again if it has died."""
+        key = (os.getpid(), python)  # a forked copy of this process starts its own
+        with cls._registry_lock:
+            server = cls._servers.get(key)
+            if server is None or server.proc.poll() is not None:
+                server = cls._servers[key] = cls(python)
+            return server
+
+    def _ask(self, message: dict) -> dict | None:
+        """The server's reply, or None when it is gone (it died, or was killed)."""
+        with self.lock:
+            try:
+                write_message(self.proc.stdin.fileno(), message)
+                return read_message(self.proc.stdout.fileno())
+            except (OSError, ValueError):
+                return None
+
+    def launch(self, config: dict, env: dict[str, str], paths: list[str]) -> int | None:
+        """Fork a launcher for one call (its files by path: source, stdout, stderr, status); its pid, or None when
+        the server is gone (then killed for good, so that `get` starts another)."""
+        reply = self._ask({"op": "launch", "cfg": config, "env": env, "files": paths})
+        if reply is None:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+        if "error" in reply:
+            raise SandboxError(f"sandbox launcher server: {reply['error']}")
+        return int(reply["pid"])
+
+    def reap(self, pid: int) -> int:
+        """Wait for a launcher that has ended (and whose group was killed); its return code as Popen gives it
+        (-signal when a signal ended it). A server that is gone cannot say: reported as killed."""
+        reply = self._ask({"op": "reap", "pid": pid})
+        if reply is None:
+            self.proc.kill()
+            self.proc.wait()
+            return -signal.SIGKILL
+        return os.waitstatus_to_exitcode(reply["status"])
 
 
 # The child's side (layers, then the code) lives in its own file and runs as `python -c <its text>`.

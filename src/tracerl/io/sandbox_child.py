@@ -11,6 +11,8 @@ which lives in its own memory and is therefore only a tripwire.
 import builtins, ctypes, json, linecache, os, re, resource, signal, sys, traceback, types
 import _posixsubprocess, _signal
 
+LAUNCHER_MODULES = frozenset(sys.modules)  # what a launcher has loaded before it runs anything
+
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
 CLONE_NEWIPC = 0x08000000
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 1, 22, 2
@@ -512,8 +514,91 @@ def _denied_fork_exec(*args, **kwargs):
     raise PermissionError("sandbox: starting processes is not allowed")
 
 
-def main():
-    cfg = json.loads(sys.argv[-1])
+def read_message(fd):
+    """One length-prefixed JSON message from `fd` (os.read only: no Python buffer is left for a fork to inherit);
+    None at end of file."""
+    head = b""
+    while len(head) < 4:
+        chunk = os.read(fd, 4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        chunk = os.read(fd, size - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return json.loads(body)
+
+
+def write_message(fd, message):
+    data = json.dumps(message).encode()
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def serve(caller):
+    """The warm launcher (`--serve`): started once per calling process with the environment every call shares, it
+    answers requests on stdin with replies on stdout. "launch" forks a launcher for one call and replies with its
+    pid; the fork returns from here with the call's config and goes on exactly as a freshly started launcher would
+    (its stdin, stdout, stderr and status fd are the call's files, its working directory and HOME/TMPDIR the call's
+    workdir, a session of its own, and no module the server imported after the launcher's own). "reap" waits for
+    a launcher the caller has seen end and replies with its wait status, so a pid is never reused before the
+    caller's last signal to its group. The server never runs model code; it ends when its caller closes the pipe
+    or is gone (it checks every second)."""
+    import select  # the forked launchers drop it again (LAUNCHER_MODULES)
+    while True:
+        if not select.select([0], [], [], 1.0)[0]:
+            if os.getppid() != caller:
+                os._exit(0)
+            continue
+        request = read_message(0)
+        if request is None:
+            os._exit(0)
+        if request["op"] == "reap":
+            write_message(1, {"status": os.waitpid(request["pid"], 0)[1]})
+            continue
+        files = []
+        try:
+            for path, flags in zip(request["files"], (os.O_RDONLY, os.O_WRONLY, os.O_WRONLY, os.O_WRONLY)):
+                files.append(os.open(path, flags))
+        except OSError as exc:
+            for fd in files:
+                os.close(fd)
+            write_message(1, {"error": "could not open the call's files: %s" % exc})
+            continue
+        pid = os.fork()
+        if pid == 0:
+            return become_launcher(request, files)
+        for fd in files:
+            os.close(fd)
+        write_message(1, {"pid": pid})
+
+
+def become_launcher(request, files):
+    """In the fork: the state of a launcher started for this call alone, then its config."""
+    os.setsid()
+    for target, fd in zip((0, 1, 2), files[:3]):
+        os.dup2(fd, target)
+    status = files[3]
+    for name in os.listdir("/proc/self/fd"):  # everything else the server held: its pipes, the files' first fds
+        if int(name) > 2 and int(name) != status:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the listing's own fd, closed already
+    os.chdir(request["cfg"]["workdir"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for name in set(sys.modules) - LAUNCHER_MODULES:
+        del sys.modules[name]
+    cfg = dict(request["cfg"], status_fd=status)
+    return cfg
+
+
+def main(cfg):
     code = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -540,4 +625,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(serve(int(sys.argv[-1])) if sys.argv[-2:-1] == ["--serve"] else json.loads(sys.argv[-1]))
