@@ -124,3 +124,14 @@ def test_the_server_ends_with_its_caller():
         time.sleep(0.1)
     else:
         pytest.fail(f"the launcher server {pid} outlived its caller by 10 s")
+
+
+def test_a_launcher_killed_before_its_setsid_still_dies():
+    """A timeout (or ^C) can come between the server's fork and the launcher's setsid: no group by its pid yet."""
+    proc = subprocess.Popen(["sleep", "60"])  # in this process's group, like a fork before its setsid
+    try:
+        sandbox._kill_group(proc.pid)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()

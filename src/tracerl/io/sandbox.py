@@ -343,7 +343,11 @@ def _kill_group(pgid: int) -> None:
     process of its namespace; a member counts as gone when it is a zombie with no thread left."""
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+    except ProcessLookupError:  # no group yet: a launcher forked by the server before its setsid, alone so far
+        try:
+            os.kill(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         return
     while _live_members(pgid) - {pgid}:
         time.sleep(0.005)
@@ -569,7 +573,9 @@ class _LaunchServer:
     call, which then applies every layer itself exactly as a freshly started one does, so a call pays a fork instead
     of an interpreter's start, imports and the launcher's compilation. The server runs no model code, holds nothing
     but the stdlib and the launcher, and is started with the environment all calls share; it ends with this
-    process. Calls from several threads take turns on its pipe (a launch and a reap each take a fork or a wait)."""
+    process. Calls from several threads take turns on its pipe (a launch and a reap each take a fork or a wait).
+    A forked launcher inherits the server's memory: the stdlib, the launcher, and the requests of earlier calls
+    (workdir and cgroup paths, limits), never their code or output, which only the calls' own files hold."""
 
     _servers: dict[tuple[int, str], "_LaunchServer"] = {}
     _registry_lock = threading.Lock()
