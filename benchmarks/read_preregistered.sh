@@ -8,7 +8,8 @@
 #      ends with `tracerl verdict` -> primary.md); runs/preregistered/<testbed> here must be those runs (a link to
 #      FROZEN/runs/preregistered/<testbed> is made when it is missing);
 #   3. benchmarks/same_report.py on each pair of reports (against grpo, against pcl): this tree's must hold every
-#      field of the frozen tree's, or the script stops before anyone reads primary.md.
+#      field of the frozen tree's, or the script stops before anyone reads primary.md;
+#   4. benchmarks/preregistered_facts.py: the figures a results README quotes, in facts.md beside the reports.
 #
 #   benchmarks/read_preregistered.sh default|headroom FROZEN
 #
@@ -42,4 +43,5 @@ mine=benchmarks/results/preregistered-$testbed
 theirs=$frozen/benchmarks/results/preregistered-$testbed
 python benchmarks/same_report.py "$theirs/compare.json" "$mine/compare.json"
 python benchmarks/same_report.py "$theirs/vs-pcl/compare.json" "$mine/vs-pcl/compare.json"
+python benchmarks/preregistered_facts.py "$mine" --out "$mine/facts.md" > /dev/null
 echo "read_preregistered: $testbed read; the frozen tree's reports in $theirs, this tree's and the verdict in $mine"
