@@ -135,3 +135,20 @@ def test_a_launcher_killed_before_its_setsid_still_dies():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_forked_caller_gets_its_own_server():
+    """A thread of the parent may hold the server registry's lock when the process forks (a multiprocessing worker,
+    a data loader): the child must still run code, through a server of its own."""
+    code = textwrap.dedent("""\
+        import os
+        from tracerl.io import sandbox
+        assert sandbox.run_python("print(1)").stdout == "1\\n"
+        sandbox._LaunchServer._registry_lock.acquire()  # as if another thread held it at the fork
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if sandbox.run_python("print(5)").stdout == "5\\n" else 1)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "0", done.stderr[-2000:]

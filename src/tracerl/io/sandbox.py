@@ -629,5 +629,14 @@ class _LaunchServer:
         return os.waitstatus_to_exitcode(reply["status"])
 
 
+def _forget_servers() -> None:
+    """In a child forked from this process (os.fork, multiprocessing): its own servers, and a registry lock no
+    thread of the parent holds (one may have held it at the fork)."""
+    _LaunchServer._servers = {}
+    _LaunchServer._registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_servers)
+
 # The child's side (layers, then the code) lives in its own file and runs as `python -c <its text>`.
 _LAUNCHER = (Path(__file__).resolve().parent / "sandbox_child.py").read_text(encoding="utf-8")
