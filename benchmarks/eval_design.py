@@ -13,10 +13,10 @@ where s_q is the spread of the paired difference per question (compare.json, `re
 against the table's baseline) and var_seed(n0) the variance of the pilot's per-seed differences. The model assumes
 each seed draws its own held-out questions from a large pool (math and function calling generate them from the
 seed); where seeds share most of their questions (the multihop testbeds draw from a fixed test split), question
-sampling does not spread the seeds, s_q^2 / n0 can exceed var_seed, and the script says the model does not apply. A seed costs its
-training seconds (every run's `sys/step_seconds`) plus its evaluations' seconds, which scale with the questions:
-cost(n) = train + eval(n0) * n / n0, read from the runs' metrics.jsonl (an evaluation copied from another run of the
-seed, `tracerl compare`'s shared step-0 evaluation, counts once). For each question count the script prints the
+sampling does not spread the seeds, s_q^2 / n0 can exceed var_seed, and the script says the model does not apply.
+A seed costs its training seconds (every run's `sys/step_seconds`) plus its evaluations' seconds, which scale with
+the questions: cost(n) = train + eval(n0) * n / n0, read from the runs' metrics.jsonl (an evaluation copied from
+another run of the seed, `tracerl compare`'s shared step-0 evaluation, counts once). For each question count the script prints the
 seeds for the target power at the effect (`power.seeds_needed`), the total cost of that design, and the power a
 fixed compute budget buys (`--planned-seeds` seeds at n0 questions) at that question count. The seed spread from a
 pilot of a few seeds is uncertain, so the design is also given with var_train at its 80% chi-square bounds.
@@ -140,7 +140,8 @@ def main() -> None:
     print(f"{args.runs_dir}: {name}, {len(diffs)} seeds, per-seed sd {math.sqrt(var_seed):.2f} points at {n0} "
           f"questions; the evaluation's part sd {math.sqrt(var_eval):.2f} (paired sd {sd_q:.1f} points per "
           f"question), training's sd {math.sqrt(var_train):.2f}. A seed costs {cost.train_seconds:.0f} s of training "
-          f"and {cost.eval_seconds:.0f} s of evaluation ({cost.eval_seconds / (cost.train_seconds + cost.eval_seconds):.0%})"
+          f"and {cost.eval_seconds:.0f} s of evaluation "
+          f"({cost.eval_seconds / (cost.train_seconds + cost.eval_seconds):.0%})"
           f", mean over {len(costs)} seeds (all methods).\n")
     print(f"Two-sided paired t-test at level {args.alpha:g}, {args.power:.0%} power at +{args.effect:g} points; "
           f"the budget is {args.planned_seeds} seeds at {n0} questions.\n")

@@ -77,7 +77,8 @@ def facts(folder: Path) -> str:
     lines += [f"- `pcl` - `grpo` (secondary): {pts(pcl_vs_grpo['mean'])} {interval(pcl_vs_grpo)}, Holm-adjusted p "
               f"{pcl_vs_grpo['p_holm']:.3g}", "",
               "## Share of `grpo`'s tokens to reach `grpo`'s final success", "",
-              "| method | median of per-seed shares [95% bootstrap CI] | seeds never reaching | seeds at or below 70% |",
+              "| method | median of per-seed shares [95% bootstrap CI] | seeds never reaching "
+              "| seeds at or below 70% |",
               "|---|---|---|---|"]
     for m in ("trace", "pcl"):
         share = methods[m]["share_of_baseline_tokens_ci"]

@@ -3,8 +3,8 @@
 `run_python(code)` runs a launcher (an interpreter started `-s -S`: no site, no user site, stdlib only; forked
 for each call from this process's warm launcher server, `_LaunchServer`, in the state a freshly started one
 would have) in its own session and process group, in a new temporary working directory that is removed
-afterwards, with an environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the workdir,
-PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
+afterwards, with an environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the
+workdir, PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
 live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
 applies these layers before the model's code runs; each one that took effect is listed in
 `SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it switched off.
@@ -611,8 +611,7 @@ class _LaunchServer:
         the server is gone (then killed for good, so that `get` starts another)."""
         reply = self._ask({"op": "launch", "cfg": config, "env": env, "files": paths})
         if reply is None:
-            self.proc.kill()
-            self.proc.wait()
+            self._end()
             return None
         if "error" in reply:
             raise SandboxError(f"sandbox launcher server: {reply['error']}")
@@ -623,10 +622,16 @@ class _LaunchServer:
         (-signal when a signal ended it). A server that is gone cannot say: reported as killed."""
         reply = self._ask({"op": "reap", "pid": pid})
         if reply is None:
-            self.proc.kill()
-            self.proc.wait()
+            self._end()
             return -signal.SIGKILL
         return os.waitstatus_to_exitcode(reply["status"])
+
+    def _end(self) -> None:
+        """Kill a server that stopped answering, and close its pipes; `get` starts another."""
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
 
 
 def _forget_servers() -> None:
