@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -10,16 +9,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "eval_design.py"
+from helpers import load_benchmark_script
 
 
 @pytest.fixture(scope="module")
 def eval_design():
-    spec = importlib.util.spec_from_file_location("eval_design", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("eval_design")
 
 
 def _write_run(folder: Path, rows: list[dict]) -> None:

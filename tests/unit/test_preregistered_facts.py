@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark_script
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "preregistered_facts.py"
 DEFAULT = ROOT / "benchmarks" / "results" / "preregistered-default"
 
 
 @pytest.fixture(scope="module")
 def module():
-    spec = importlib.util.spec_from_file_location("preregistered_facts", SCRIPT)
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
+    return load_benchmark_script("preregistered_facts")
 
 
 def test_the_default_testbeds_figures(module):

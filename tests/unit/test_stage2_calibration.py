@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "stage2_calibration.py"
+from helpers import load_benchmark_script
 
 
 @pytest.fixture(scope="module")
 def module():
-    spec = importlib.util.spec_from_file_location("stage2_calibration", SCRIPT)
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
+    return load_benchmark_script("stage2_calibration")
 
 
 def synthetic_runs(seed: int, num_runs: int = 6, size: int = 4000) -> list[dict[str, np.ndarray]]:
