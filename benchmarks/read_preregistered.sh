@@ -9,7 +9,8 @@
 #      FROZEN/runs/preregistered/<testbed> is made when it is missing);
 #   3. benchmarks/same_report.py on each pair of reports (against grpo, against pcl): this tree's must hold every
 #      field of the frozen tree's, or the script stops before anyone reads primary.md;
-#   4. benchmarks/preregistered_facts.py: the figures a results README quotes, in facts.md beside the reports.
+#   4. benchmarks/preregistered_facts.py: the figures a results README quotes, in facts.md beside the reports; and,
+#      exploratory, stage 2 on its own terms over the `trace` runs' trees (stage2.md, stage2-calibration.md).
 #
 #   benchmarks/read_preregistered.sh default|headroom FROZEN
 #
@@ -44,4 +45,8 @@ theirs=$frozen/benchmarks/results/preregistered-$testbed
 python benchmarks/same_report.py "$theirs/compare.json" "$mine/compare.json"
 python benchmarks/same_report.py "$theirs/vs-pcl/compare.json" "$mine/vs-pcl/compare.json"
 python benchmarks/preregistered_facts.py "$mine" --out "$mine/facts.md" > /dev/null
+case "$seeds" in *-*) first=${seeds%-*}; last=${seeds#*-} ;; *) first=0; last=$((seeds - 1)) ;; esac
+trace_runs=$(for s in $(seq "$first" "$last"); do echo "$runs/trace-seed$s"; done)
+tracerl bench stage2 $trace_runs --out "$mine/stage2.md" > /dev/null
+python benchmarks/stage2_calibration.py $trace_runs --out "$mine/stage2-calibration.md" > /dev/null
 echo "read_preregistered: $testbed read; the frozen tree's reports in $theirs, this tree's and the verdict in $mine"
