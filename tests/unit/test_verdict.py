@@ -208,6 +208,20 @@ def test_across_testbeds_the_tests_form_one_holm_family_and_each_testbed_has_its
     text = testbeds_to_markdown(result)
     assert "| math | 8 of 8 |" in text and "established: trace better" in text
     assert "interim look (6 of 10 seeds), decides nothing" in text and "+0.010 [+0.005, +0.020]" in text
+    assert "no curve" not in text  # these reports say nothing of their evaluations: the share is listed
+
+
+def test_across_testbeds_a_design_evaluated_at_the_start_and_the_stop_lists_no_share():
+    from tracerl.report.verdict import testbed_verdict, testbeds_to_markdown
+
+    ends_only = {**report("grpo", WIN, per_seed_shares=[None] * 6), "resolution": {"eval_steps": [0, 31]}}
+    curve = {**report("grpo", WIN, weights="other", median=(0.6, 0.5, 0.7)), "resolution": {"eval_steps": [0, 2, 4]}}
+    result = testbed_verdict({"ends": ends_only, "curve": curve}, {"ends": Plan(planned_seeds=6),
+                                                                   "curve": Plan(planned_seeds=6)})
+    rows = {line.split(" | ")[0][2:]: line for line in testbeds_to_markdown(result).splitlines()
+            if line.startswith("| ends") or line.startswith("| curve")}
+    assert "none: evaluated at 2 points, no curve to read it on" in rows["ends"] and "never reach" not in rows["ends"]
+    assert "60% [50%, 70%]" in rows["curve"]
 
 
 @pytest.mark.parametrize("reports, message", [

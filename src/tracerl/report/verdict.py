@@ -24,9 +24,9 @@ and applies the rule fixed before the runs (benchmarks/preregistration.md):
 
 Across testbeds (`testbed_verdict`, `tracerl verdict --across-testbeds`): one report per testbed, each against the
 same comparator, their (a) tests one family (Holm over the testbeds), each testbed's difference established,
-refuted or unresolved as above, with its own planned seed count; the share is listed, not read (a design that
-evaluates at the start and the stop only has no curve to read it on; benchmarks/preregistration.md, "Other domains
-at equal tokens, with power").
+refuted or unresolved as above, with its own planned seed count; the share is listed, not read, and not even listed
+for a report evaluated at two points (a design that evaluates at the start and the stop only has no curve to read it
+on; benchmarks/preregistration.md, "Other domains at equal tokens, with power").
 
 Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token) and the
 report's per-seed reading of it against the comparator (`signal_vs_baseline`: difference and t interval over seeds,
@@ -210,6 +210,7 @@ def testbed_verdict(reports: dict[str, dict[str, Any]], plans: dict[str, Plan]) 
             "weights_sha256": summary.get("weights", {}).get("weights_sha256"),
             "regime": _pooled_regime(summary.get("regime", [])),
             "equal_tokens": _equal_tokens(diffs[name], adjusted[name], plan), "share": _share(row, plan),
+            "eval_points": len((summary.get("resolution") or {}).get("eval_steps") or []) or None,
             "signal": _signal_diffs(row.get("signal_vs_baseline") or {})})
     return {"method": first.method, "comparator": next(iter(baselines.values())), "testbeds": testbeds,
             "plan": {"alpha": first.alpha, "min_effect": first.min_effect}}
@@ -232,12 +233,14 @@ def testbeds_to_markdown(result: dict[str, Any]) -> str:
         unreached = t["share"]["num_unreached"]
         verdict = (f"interim look ({len(t['seeds'])} of {t['planned_seeds']} seeds), decides nothing; as it stands: "
                    if t["interim"] else "") + d["verdict"]
+        share_cell = (f"{_pct(share['estimate'])} [{_pct(share['lo'])}, {_pct(share['hi'])}]"
+                      + (f", {unreached} of {len(t['seeds'])} seeds never reach" if unreached else ""))
+        if t.get("eval_points") is not None and t["eval_points"] <= 2:  # no curve between the start and the stop
+            share_cell = f"none: evaluated at {t['eval_points']} points, no curve to read it on"
         lines.append(f"| {t['testbed']} | {len(t['seeds'])} of {t['planned_seeds']} | "
                      f"{_pts(d['mean'])} [{_pts(d['lo'])}, {_pts(d['hi'])}] | "
                      f"[{_pts(d['boot_lo'])}, {_pts(d['boot_hi'])}] | {_p(d['p'])} | {_p(d['p_holm'])} | {verdict} | "
-                     f"{_pct(share['estimate'])} [{_pct(share['lo'])}, {_pct(share['hi'])}]"
-                     + (f", {unreached} of {len(t['seeds'])} seeds never reach" if unreached else "") + " | "
-                     f"{_interval(t['signal'].get('diff'), 1, '+.3f')} |")
+                     f"{share_cell} | {_interval(t['signal'].get('diff'), 1, '+.3f')} |")
     lines.append("")
     for t in result["testbeds"]:
         regime = t["regime"]
