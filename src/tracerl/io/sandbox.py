@@ -210,21 +210,21 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             if pid is None:  # the server was gone: a new one, once
                 server = _LaunchServer.get(python)
                 pid = server.launch(config, env, paths)
-        for path in paths:  # the launcher has opened them (uid drop or Landlock keeps the code off them before)
-            os.unlink(path)
-        paths.clear()
-        if server is not None and pid is None:
-            raise SandboxError("the sandbox's launcher server ended twice in a row on one call")
-        if server is None:
+            if pid is None:
+                raise SandboxError("the sandbox's launcher server ended twice in a row on one call")
+        else:
             proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, json.dumps(config)],
                                     stdin=source, stdout=out, stderr=err, pass_fds=(status.fileno(),),
                                     cwd=workdir, env=env, start_new_session=True)
             pid = proc.pid
-        if _launched is not None:
-            _launched(pid, workdir)
-        try:
+        try:  # from here on, whatever happens (^C included), nothing the code started outlives this call
+            for path in paths:  # the launcher has opened them (uid drop or Landlock kept the code off them)
+                os.unlink(path)
+            paths.clear()
+            if _launched is not None:
+                _launched(pid, workdir)
             timed_out = not _wait_for_exit(pid, limits.wall_seconds)
-        finally:  # also on KeyboardInterrupt: nothing the code started outlives this call
+        finally:
             _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
             returncode = server.reap(pid) if server is not None else proc.wait()
         seconds = time.monotonic() - start
