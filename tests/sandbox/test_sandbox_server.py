@@ -141,12 +141,13 @@ def test_a_forked_caller_gets_its_own_server():
     """A thread of the parent may hold the server registry's lock when the process forks (a multiprocessing worker,
     a data loader): the child must still run code, through a server of its own."""
     code = textwrap.dedent("""\
-        import os
+        import os, signal
         from tracerl.io import sandbox
         assert sandbox.run_python("print(1)").stdout == "1\\n"
         sandbox._LaunchServer._registry_lock.acquire()  # as if another thread held it at the fork
         pid = os.fork()
         if pid == 0:
+            signal.alarm(30)  # a child that deadlocks dies by itself instead of outliving the test
             os._exit(0 if sandbox.run_python("print(5)").stdout == "5\\n" else 1)
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
         """)
