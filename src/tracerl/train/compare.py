@@ -99,6 +99,18 @@ def format_seeds(seeds: Sequence[int]) -> str:
     return f"{seeds[0]}-{seeds[0]}" if len(seeds) == 1 else ",".join(map(str, seeds))
 
 
+def describe_seeds(seeds: Sequence[int]) -> str:
+    """The seeds in words for a log line, ranges collapsed: "seeds 0-39 (40)", "seed 40", "seeds 0-2, 7 (4)". A
+    bare number on the command line is a count, so this line is where a slip ("40" for seed 40) shows."""
+    seeds = sorted(set(seeds))
+    spans, start = [], seeds[0]
+    for previous, current in zip(seeds, seeds[1:] + [None]):
+        if current is None or current != previous + 1:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(spans)} ({len(seeds)})"
+
+
 def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
                 overrides: Sequence[str] = (), say: Say = print, baseline: str = "grpo",
                 report_only: bool = False, all_seeds: Sequence[int] | None = None, jobs: int = 1) -> str:
@@ -115,6 +127,8 @@ def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | P
                                                      "run.progress=false"])
                for s in seeds for label, method, extra in entries}  # every config is checked before the first run
     busy: list[str] = []  # runs another process is training: left to it
+    if not report_only:
+        say(f"compare: {', '.join(label for label, _, _ in entries)} on {describe_seeds(seeds)}: {len(configs)} runs")
     if not report_only and jobs > 1:
         busy = _train_in_parallel(configs, jobs, say)
     elif not report_only:
