@@ -1,0 +1,185 @@
+"""Keep a comparison's finished runs as small records a report can be rewritten from, and put them back.
+
+    python benchmarks/run_records.py save RUNS_DIR RECORDS_DIR [--methods grpo,pcl,trace] [--policy BUILD_DIR]
+    python benchmarks/run_records.py restore RECORDS_DIR RUNS_DIR [--cache CACHE_DIR]
+    python benchmarks/run_records.py pending RECORDS_DIR --seeds 0-40 [--methods grpo,pcl,trace]
+
+A long comparison (`benchmarks/preregistered.sh`: 41 seeds x 3 methods) outlives the machine it starts on. `save`
+copies, for every seed whose runs of all `--methods` are finished (last training step = last evaluation step =
+`run.num_steps`), what `tracerl compare --report-only` reads of each run: `metrics.jsonl`, `config.json`,
+`provenance.json` (starting weights, torch, machine) and the first step's trees (the regime of the first batches);
+not the checkpoints or later trees. A seed is kept whole or not at all, so its three runs trained on one machine;
+`saved_on.json` beside each run names the machine that saved it (CPU model and a hash of its flags). `--policy`
+also keeps the build the runs started from (the embedded policy's cache folder, about 2 MB), so a later machine
+starts from the same weights instead of rebuilding (a build is bit-identical across thread counts on one machine,
+not across CPUs). Records already kept are never overwritten.
+
+`restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
+the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
+`tracerl compare --seeds` reads. Train only pending seeds: a restored run has no checkpoint, and `tracerl compare`
+on its seed would train it again from step 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import re
+import shutil
+import sys
+from pathlib import Path
+
+KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
+RUN_NAME = re.compile(r"^(?P<label>.+)-seed(?P<seed>\d+)$")
+POLICY = "policy"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-40', '3,5,9-11' -> the seeds (a bare number is a seed here, not a count)."""
+    seeds: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        seeds.extend(range(int(lo), int(hi or lo) + 1))
+    return sorted(set(seeds))
+
+
+def format_seeds(seeds: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    parts, start = [], None
+    for i, s in enumerate(seeds):
+        start = s if start is None else start
+        if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
+            parts.append(f"{start}-{s}" if s > start else str(s))
+            start = None
+    return ",".join(parts)
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run reached its configured last step, trained and evaluated."""
+    try:
+        steps = json.loads((run_dir / "config.json").read_text())["run"]["num_steps"]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, KeyError):
+        return False
+    last = {kind: max((r["step"] for r in rows if r.get("kind") == kind), default=-1) for kind in ("train", "eval")}
+    return last["train"] == last["eval"] == steps
+
+
+def machine() -> dict[str, str]:
+    """The CPU model and a hash of its feature flags: what decides whether float results can match bit for bit."""
+    model, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == platform.machine():
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
+            "python": platform.python_version()}
+
+
+def seeds_in(folder: Path, labels: list[str]) -> dict[int, dict[str, Path]]:
+    """seed -> {label: run folder} for the run folders of `labels` in `folder`."""
+    found: dict[int, dict[str, Path]] = {}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = RUN_NAME.match(path.name)
+        if path.is_dir() and match and match["label"] in labels:
+            found.setdefault(int(match["seed"]), {})[match["label"]] = path
+    return found
+
+
+def save(runs: Path, records: Path, labels: list[str], policy: Path | None = None) -> list[int]:
+    """Keep every finished seed of `runs` not yet in `records`; return the seeds kept now."""
+    saved = []
+    for seed, dirs in sorted(seeds_in(runs, labels).items()):
+        if set(dirs) != set(labels) or not all(finished(d) for d in dirs.values()):
+            continue
+        if all((records / d.name / "metrics.jsonl").exists() for d in dirs.values()):
+            continue
+        for run_dir in dirs.values():
+            target = records / run_dir.name
+            tmp = records / f".{run_dir.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            for name in KEPT:
+                if (run_dir / name).exists():
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(run_dir / name, tmp / name)
+            (tmp / "saved_on.json").write_text(json.dumps(machine(), indent=1) + "\n")
+            if target.exists():
+                raise FileExistsError(f"{target} holds part of seed {seed}'s records; remove it or restore it first")
+            tmp.rename(target)
+        saved.append(seed)
+    if policy is not None:
+        kept = records / POLICY / policy.name
+        if not kept.exists():
+            shutil.copytree(policy, kept)
+    return saved
+
+
+def restore(records: Path, runs: Path, cache: Path | None = None) -> list[str]:
+    """Copy kept runs back into `runs` (and the kept build into `cache`); return the run names restored."""
+    restored = []
+    for kept in sorted(p for p in records.iterdir() if p.is_dir() and RUN_NAME.match(p.name)):
+        target = runs / kept.name
+        if target.exists():
+            if (target / "metrics.jsonl").read_bytes() != (kept / "metrics.jsonl").read_bytes():
+                raise FileExistsError(f"{target} holds other metrics than {kept}; move it away before restoring")
+            continue
+        shutil.copytree(kept, target)
+        restored.append(kept.name)
+    if cache is not None and (records / POLICY).is_dir():
+        for build in (records / POLICY).iterdir():
+            if not (cache / build.name).exists():
+                shutil.copytree(build, cache / build.name)
+    return restored
+
+
+def pending(records: Path, seeds: list[int], labels: list[str]) -> list[int]:
+    kept = seeds_in(records, labels)
+    return [s for s in seeds if set(kept.get(s, {})) != set(labels)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_save = sub.add_parser("save", help="keep the finished seeds of a runs folder")
+    p_save.add_argument("runs", type=Path)
+    p_save.add_argument("records", type=Path)
+    p_save.add_argument("--policy", type=Path, help="the build folder the runs started from, kept once")
+    p_restore = sub.add_parser("restore", help="put kept runs (and the kept build) back")
+    p_restore.add_argument("records", type=Path)
+    p_restore.add_argument("runs", type=Path)
+    p_restore.add_argument("--cache", type=Path, help="the TRACERL_CACHE folder to put the kept build in")
+    p_pending = sub.add_parser("pending", help="the seeds not yet kept")
+    p_pending.add_argument("records", type=Path)
+    p_pending.add_argument("--seeds", required=True, help="e.g. 0-40")
+    for p in (p_save, p_pending):
+        p.add_argument("--methods", default="grpo,pcl,trace")
+    args = parser.parse_args(argv)
+    if args.command == "save":
+        if not args.runs.is_dir():
+            parser.error(f"{args.runs} is not a folder of runs")
+        if args.policy is not None and not (args.policy / "model").is_dir():
+            parser.error(f"{args.policy} is not a build folder (no model/ in it): give $TRACERL_CACHE/<build id>")
+        args.records.mkdir(parents=True, exist_ok=True)
+        seeds = save(args.runs, args.records, args.methods.split(","), args.policy)
+        print(f"run_records: kept seeds {format_seeds(seeds) or 'none'} in {args.records}")
+    elif args.command == "restore":
+        if not args.records.is_dir():
+            parser.error(f"{args.records} holds no records")
+        args.runs.mkdir(parents=True, exist_ok=True)
+        names = restore(args.records, args.runs, args.cache)
+        print(f"run_records: restored {len(names)} runs into {args.runs}")
+    else:
+        seeds = pending(args.records, parse_seeds(args.seeds), args.methods.split(","))
+        print(format_seeds(seeds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""benchmarks/run_records.py: a comparison's finished seeds kept as small records, put back, and what is left."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import load_benchmark_script
+
+LABELS = ["grpo", "pcl", "trace"]
+
+
+@pytest.fixture(scope="module")
+def module():
+    return load_benchmark_script("run_records")
+
+
+def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4) -> Path:
+    run = folder / f"{label}-seed{seed}"
+    (run / "trees").mkdir(parents=True)
+    (run / "checkpoints" / "step-000004").mkdir(parents=True)
+    (run / "checkpoints" / "step-000004" / "model.pt").write_bytes(b"\0" * 64)
+    (run / "config.json").write_text(json.dumps({"run": {"num_steps": steps}, "method": label}))
+    (run / "provenance.json").write_text(json.dumps({"weights_sha256": "ab" * 32}))
+    for step in (1, 2):
+        (run / "trees" / f"step-00000{step}.json.gz").write_bytes(b"trees")
+    rows = [{"kind": "eval", "step": 0}]
+    for step in range(1, done + 1):
+        rows.append({"kind": "train", "step": step, "seed": seed})
+        if step % 2 == 0:
+            rows.append({"kind": "eval", "step": step})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_a_finished_seed_is_kept_without_checkpoints_or_later_trees(module, tmp_path):
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    for label in LABELS:
+        make_run(runs, label, 3)
+    assert module.save(runs, records, LABELS) == [3]
+    kept = records / "trace-seed3"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+        "config.json", "metrics.jsonl", "provenance.json", "saved_on.json", "trees/step-000001.json.gz"]
+    assert json.loads((kept / "saved_on.json").read_text())["cpu_flags_sha256"]
+    assert (kept / "metrics.jsonl").read_bytes() == (runs / "trace-seed3" / "metrics.jsonl").read_bytes()
+    assert module.save(runs, records, LABELS) == []  # kept once
+
+
+def test_a_seed_is_kept_whole_or_not_at_all(module, tmp_path):
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    for label in LABELS:
+        make_run(runs, label, 0)
+    make_run(runs, "grpo", 1)
+    make_run(runs, "pcl", 1)
+    make_run(runs, "trace", 1, done=3)  # stopped part-way
+    make_run(runs, "grpo", 2)  # the others not started
+    assert module.save(runs, records, LABELS) == [0]
+    assert not (records / "grpo-seed1").exists() and not (records / "grpo-seed2").exists()
+    assert module.pending(records, list(range(4)), LABELS) == [1, 2, 3]
+
+
+def test_a_run_short_of_its_configured_steps_is_not_finished(module, tmp_path):
+    assert module.finished(make_run(tmp_path, "grpo", 0, steps=4, done=4))
+    assert not module.finished(make_run(tmp_path, "pcl", 0, steps=6, done=4))
+    assert not module.finished(tmp_path / "missing-seed0")
+    broken = make_run(tmp_path, "trace", 0)
+    (broken / "metrics.jsonl").write_text('{"kind": "train", "step": 4}\n{not json')
+    assert not module.finished(broken)
+
+
+def test_restore_puts_runs_back_and_refuses_to_overwrite_other_metrics(module, tmp_path):
+    runs, records, again = tmp_path / "runs", tmp_path / "records", tmp_path / "again"
+    for label in LABELS:
+        make_run(runs, label, 5)
+    build = tmp_path / "cache" / "0123abcd"
+    (build / "model").mkdir(parents=True)
+    (build / "model" / "model.safetensors").write_bytes(b"weights")
+    module.save(runs, records, LABELS, policy=build)
+    cache = tmp_path / "new-cache"
+    assert module.restore(records, again, cache) == [f"{label}-seed5" for label in LABELS]
+    assert (cache / "0123abcd" / "model" / "model.safetensors").read_bytes() == b"weights"
+    assert (again / "pcl-seed5" / "metrics.jsonl").read_bytes() == (runs / "pcl-seed5" / "metrics.jsonl").read_bytes()
+    assert module.restore(records, again, cache) == []  # the same runs are already there
+    (again / "pcl-seed5" / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')
+    with pytest.raises(FileExistsError, match="other metrics"):
+        module.restore(records, again)
+
+
+def test_seed_lists_read_and_print_as_tracerl_compare_takes_them(module):
+    assert module.parse_seeds("0-3,7,9-10") == [0, 1, 2, 3, 7, 9, 10]
+    assert module.parse_seeds("40") == [40]  # a seed, not a count
+    assert module.format_seeds([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert module.format_seeds([]) == ""
+
+
+def test_the_command_line_names_a_wrong_build_folder(module, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with pytest.raises(SystemExit):
+        module.main(["save", str(runs), str(tmp_path / "records"), "--policy", str(tmp_path)])
+    assert "not a build folder" in capsys.readouterr().err
+    assert module.main(["pending", str(tmp_path / "records"), "--seeds", "0-2"]) == 0
+    assert capsys.readouterr().out.strip() == "0-2"
