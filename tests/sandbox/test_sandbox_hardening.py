@@ -21,7 +21,7 @@ import pytest
 from hostile import HARDENING, NEEDS_THREADS, THREAD_HOG, Host
 from test_sandbox import QUICK, assert_contained, leftovers, spawned  # noqa: F401 (spawned is a fixture)
 
-from tracerl.io import sandbox
+from tracerl.io import sandbox, sandbox_cgroups
 from tracerl.io.sandbox import LAYERS, SandboxLimits, run_python
 
 
@@ -399,18 +399,18 @@ def test_cgroup_parents_are_found_under_the_callers_own(mountinfo, cgroup, deleg
             raise FileNotFoundError(path)
         return io.StringIO(files[path])
 
-    monkeypatch.setattr(sandbox, "open", fake_open, raising=False)
-    monkeypatch.setattr(sandbox.os, "access", lambda path, mode: True)
-    sandbox._cgroup_parents.cache_clear()
+    monkeypatch.setattr(sandbox_cgroups, "open", fake_open, raising=False)
+    monkeypatch.setattr(sandbox_cgroups.os, "access", lambda path, mode: True)
+    sandbox_cgroups.cgroup_parents.cache_clear()
     try:
-        assert sandbox._cgroup_parents() == expected
+        assert sandbox_cgroups.cgroup_parents() == expected
     finally:
-        sandbox._cgroup_parents.cache_clear()
+        sandbox_cgroups.cgroup_parents.cache_clear()
 
 
 def test_a_v2_cgroup_gets_memory_with_the_disk_and_pids_with_the_launcher(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: (("v2", str(tmp_path)),))
-    made = sandbox._make_cgroups(SandboxLimits(memory_mb=256, max_disk_mb=64, max_processes=32))
+    monkeypatch.setattr(sandbox_cgroups, "cgroup_parents", lambda: (("v2", str(tmp_path)),))
+    made = sandbox_cgroups.make_cgroups(SandboxLimits(memory_mb=256, max_disk_mb=64, max_processes=32))
     assert len(made) == 1 and os.path.dirname(made[0]) == str(tmp_path)
     values = {name: Path(made[0], name).read_text() for name in os.listdir(made[0])}
     assert values == {"memory.max": str(320 << 20), "memory.swap.max": "0", "pids.max": "32"}, values

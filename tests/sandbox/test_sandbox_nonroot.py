@@ -32,12 +32,12 @@ def test_hostile_programs_are_contained_as_a_non_root_user():
     host_tmp = Path(tempfile.mkdtemp(prefix="tracerl-nonroot-tmp-", dir="/tmp"))
     try:
         here = Path(__file__).parent
-        package = code / "tracerl" / "io"  # the two sandbox modules alone, under their own names
+        package = code / "tracerl" / "io"  # the sandbox modules alone, under their own names
         package.mkdir(parents=True)
         for folder in (package.parent, package):
             (folder / "__init__.py").touch()
             os.chmod(folder, 0o755)
-        for source in (Path(sandbox.__file__), Path(sandbox.__file__).with_name("sandbox_child.py")):
+        for source in Path(sandbox.__file__).parent.glob("sandbox*.py"):
             shutil.copy(source, package / source.name)
         for source in (here / "hostile.py", here / "nonroot_probe.py"):
             shutil.copy(source, code / source.name)

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import json
 import os
 import select
@@ -96,6 +95,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Collection
 
+from tracerl.io.sandbox_cgroups import cgroup_oom, make_cgroups, remove_cgroups
 from tracerl.io.sandbox_child import read_message, write_message
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
@@ -181,7 +181,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
     paths: list[str] = []
-    cgroups = [] if "cgroup" in _disable else _make_cgroups(limits)
+    cgroups = [] if "cgroup" in _disable else make_cgroups(limits)
     report, disk_error = {}, None
     try:
         for _ in range(4):  # source, stdout, stderr, status: named until the launcher has opened them
@@ -228,7 +228,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
             returncode = server.reap(pid) if server is not None else proc.wait()
         seconds = time.monotonic() - start
-        out_of_memory = _cgroup_oom(cgroups)
+        out_of_memory = cgroup_oom(cgroups)
         status.seek(0)
         report = json.loads(status.read() or b"{}")
         stdout = _read_capped(out, limits)
@@ -241,7 +241,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         for path in paths:
             os.unlink(path)
         _remove_tree(workdir)
-        _remove_cgroups(cgroups)
+        remove_cgroups(cgroups)
     if "setup_error" in report:
         raise SandboxError(f"sandbox launcher failed: {report['setup_error']}")
     if "layers" not in report and not timed_out:
@@ -366,114 +366,6 @@ def _live_members(pgid: int) -> set[int]:
             except (OSError, ValueError):
                 continue
     return members
-
-
-_CGROUP_SERIAL = itertools.count()
-
-
-@functools.cache
-def _cgroup_parents() -> tuple[tuple[str, str], ...]:
-    """Where this process may make child cgroups with memory and process limits: ("v2", dir) when its cgroup v2
-    group delegates both controllers to children, else ("memory", dir) and ("pids", dir) of cgroup v1; () when
-    neither is writable. The call's cgroups nest under the caller's own, so they stay inside its limits."""
-    mounts, own = {}, {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                fstype, options = fields[fields.index("-") + 1], fields[-1].split(",")
-                if fstype == "cgroup2":
-                    mounts.setdefault("v2", fields[4])
-                elif fstype == "cgroup":
-                    for controller in ("memory", "pids"):
-                        if controller in options:
-                            mounts.setdefault(controller, fields[4])
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                for controller in controllers.split(",") if controllers else ["v2"]:
-                    own[controller] = path
-    except (OSError, ValueError):
-        return ()
-    if "v2" in mounts and "v2" in own:
-        parent = mounts["v2"] + own["v2"].rstrip("/")
-        try:
-            with open(parent + "/cgroup.subtree_control") as f:
-                delegated = set(f.read().split())
-        except OSError:
-            delegated = set()
-        if {"memory", "pids"} <= delegated and os.access(parent, os.W_OK):
-            return (("v2", parent),)
-    parents = tuple((c, mounts[c] + own[c].rstrip("/")) for c in ("memory", "pids") if c in mounts and c in own)
-    if len(parents) == 2 and all(os.access(d, os.W_OK) for _, d in parents):
-        return parents
-    return ()
-
-
-def _sweep_cgroups(parents: tuple[tuple[str, str], ...]) -> None:
-    """Remove the empty cgroups of sandbox callers that died mid-call (killed before their cleanup ran)."""
-    for _, parent in parents:
-        for entry in os.scandir(parent):
-            fields = entry.name.split("-")
-            if fields[:2] == ["tracerl", "sandbox"] and len(fields) == 4 and fields[2].isdigit():
-                if not os.path.exists(f"/proc/{fields[2]}"):
-                    try:
-                        os.rmdir(entry.path)
-                    except OSError:
-                        pass  # still has processes, or another sweeper got there first
-
-
-def _make_cgroups(limits: SandboxLimits) -> list[str]:
-    """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
-    charged to it) and processes (threads and the launcher included); [] when the host offers none."""
-    memory = (limits.memory_mb + limits.max_disk_mb) << 20
-    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes},
-                "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
-                "pids": {"pids.max": limits.max_processes}}
-    made = []
-    serial = next(_CGROUP_SERIAL)
-    if serial == 0:
-        _sweep_cgroups(_cgroup_parents())
-    name = f"tracerl-sandbox-{os.getpid()}-{serial}"
-    try:
-        for kind, parent in _cgroup_parents():
-            directory = os.path.join(parent, name)
-            os.mkdir(directory)
-            made.append(directory)
-            for key, value in settings[kind].items():
-                try:
-                    with open(os.path.join(directory, key), "w") as f:
-                        f.write(str(value))
-                except FileNotFoundError:
-                    if key not in ("memory.swap.max", "memory.memsw.limit_in_bytes"):  # no swap accounting
-                        raise
-    except OSError:
-        _remove_cgroups(made)
-        return []
-    return made
-
-
-def _cgroup_oom(cgroups: list[str]) -> bool:
-    """Whether the kernel's OOM killer acted in the call's memory cgroup."""
-    for directory in cgroups:
-        for name in ("memory.events", "memory.oom_control"):
-            try:
-                with open(os.path.join(directory, name)) as f:
-                    counts = dict(line.split() for line in f if len(line.split()) == 2)
-            except OSError:
-                continue
-            if int(counts.get("oom_kill", 0)) > 0:
-                return True
-    return False
-
-
-def _remove_cgroups(cgroups: list[str]) -> None:
-    """Remove the call's cgroups; they are empty, since every process of the call is gone."""
-    for directory in cgroups:
-        try:
-            os.rmdir(directory)
-        except OSError as exc:
-            warnings.warn(f"could not remove the sandbox's cgroup {directory}: {exc}", RuntimeWarning, stacklevel=3)
 
 
 def _read_capped(f: IO[bytes], limits: SandboxLimits) -> str:
