@@ -181,13 +181,7 @@ class HashedFeatures:
     # ------------------------------------------------------------------ public
     def transform(self, histories: Sequence[History]) -> SparseBatch:
         """Featurise `histories` into a (len(histories), num_cols) SparseBatch, rows in input order."""
-        for h in histories:
-            if not isinstance(h, History):
-                raise ValueError(f"expected tracerl.core.history.History objects, got {type(h).__name__}; "
-                                 "wrap each transcript as History(text=..., depth=...)")
-            if h.depth < 0 or h.num_tool_errors < 0 or h.num_tokens < 0:
-                raise ValueError(f"History fields must be >= 0, got depth={h.depth}, "
-                                 f"num_tool_errors={h.num_tool_errors}, num_tokens={h.num_tokens}")
+        check_histories(histories)
         text_parts = self._text_parts([h.text for h in histories])
         num = len(histories)
         state_parts = [self.state_part(h) for h in histories]
@@ -311,3 +305,15 @@ def _fmix64(g: np.ndarray) -> np.ndarray:
     g = g ^ (g >> np.uint64(33))
     g = g * np.uint64(_FINAL_MUL)
     return g ^ (g >> np.uint64(33))
+
+
+def check_histories(histories: Sequence[History]) -> None:
+    """Raise a ValueError naming the fix for a non-History or a negative field: what every predictor's input must
+    pass before it is featurised."""
+    for h in histories:
+        if not isinstance(h, History):
+            raise ValueError(f"expected tracerl.core.history.History objects, got {type(h).__name__}; "
+                             "wrap each transcript as History(text=..., depth=...)")
+        if h.depth < 0 or h.num_tool_errors < 0 or h.num_tokens < 0:
+            raise ValueError(f"History fields must be >= 0, got depth={h.depth}, "
+                             f"num_tool_errors={h.num_tool_errors}, num_tokens={h.num_tokens}")

@@ -29,24 +29,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tracerl.core.features import STRUCTURAL_COLUMNS
+from tracerl.core.features import STRUCTURAL_COLUMNS, check_histories
 from tracerl.core.history import History
 from tracerl.core.predictor import P_MAX, P_MIN, Predictor, check_targets, weighted_bce
 
 # the structural columns of the numpy model, less its bias (the head's first layer has one)
 STRUCTURAL_INPUTS = tuple(c for c in STRUCTURAL_COLUMNS if c != "bias")
 assert STRUCTURAL_INPUTS == ("depth", "num_tool_errors", "log_tokens", "is_root"), "features.py changed its columns"
-
-
-def check_histories(histories: Sequence[History]) -> None:
-    """Raise the ValueError `HashedFeatures.transform` raises for a non-History or a negative field."""
-    for h in histories:
-        if not isinstance(h, History):
-            raise ValueError(f"expected tracerl.core.history.History objects, got {type(h).__name__}; "
-                             "wrap each transcript as History(text=..., depth=...)")
-        if h.depth < 0 or h.num_tool_errors < 0 or h.num_tokens < 0:
-            raise ValueError(f"History fields must be >= 0, got depth={h.depth}, "
-                             f"num_tool_errors={h.num_tool_errors}, num_tokens={h.num_tokens}")
 
 
 def structural_features(depth: np.ndarray, num_tool_errors: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
