@@ -5,8 +5,8 @@
     python benchmarks/run_records.py pending RECORDS_DIR --seeds 0-40 [--methods grpo,pcl,trace]
 
 A long comparison (`benchmarks/preregistered.sh`: 41 seeds x 3 methods) outlives the machine it starts on. `save`
-copies, for every seed whose runs of all `--methods` are finished (last training step = last evaluation step =
-`run.num_steps`), what `tracerl compare --report-only` reads of each run: `metrics.jsonl`, `config.json`,
+copies, for every seed whose runs of all `--methods` are finished (their last step trained and evaluated, at the
+stop their config set: `run.num_steps` or `run.total_token_budget`), what `tracerl compare --report-only` reads of each run: `metrics.jsonl`, `config.json`,
 `provenance.json` (starting weights, torch, machine) and the first step's trees (the regime of the first batches);
 not the checkpoints or later trees. A seed is kept whole or not at all, so its three runs trained on one machine;
 `saved_on.json` beside each run names the machine that saved it (CPU model and a hash of its flags). `--policy`
@@ -30,6 +30,8 @@ import re
 import shutil
 import sys
 from pathlib import Path
+
+from tracerl.io.runlog import read_metrics, reached_stop
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
 RUN_NAME = re.compile(r"^(?P<label>.+)-seed(?P<seed>\d+)$")
@@ -57,14 +59,19 @@ def format_seeds(seeds: list[int]) -> str:
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether a run reached its configured last step, trained and evaluated."""
+    """Whether a run reached the stop its saved config set (`run.num_steps`, or `run.total_token_budget` sampled
+    tokens: the trainer's own test) and evaluated its last step."""
     try:
-        steps = json.loads((run_dir / "config.json").read_text())["run"]["num_steps"]
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        cfg = json.loads((run_dir / "config.json").read_text())["run"]
+        rows = read_metrics(run_dir)
     except (OSError, ValueError, KeyError):
         return False
-    last = {kind: max((r["step"] for r in rows if r.get("kind") == kind), default=-1) for kind in ("train", "eval")}
-    return last["train"] == last["eval"] == steps
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not train or not evals or train[-1]["step"] != evals[-1]["step"]:
+        return False
+    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), train[-1]["step"],
+                        train[-1].get("rollout/cum_tokens", 0))
 
 
 def machine() -> dict[str, str]:

@@ -28,7 +28,7 @@ def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4)
         (run / "trees" / f"step-00000{step}.json.gz").write_bytes(b"trees")
     rows = [{"kind": "eval", "step": 0}]
     for step in range(1, done + 1):
-        rows.append({"kind": "train", "step": step, "seed": seed})
+        rows.append({"kind": "train", "step": step, "seed": seed, "rollout/cum_tokens": 1000 * step})
         if step % 2 == 0:
             rows.append({"kind": "eval", "step": step})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -67,7 +67,18 @@ def test_a_run_short_of_its_configured_steps_is_not_finished(module, tmp_path):
     assert not module.finished(tmp_path / "missing-seed0")
     broken = make_run(tmp_path, "trace", 0)
     (broken / "metrics.jsonl").write_text('{"kind": "train", "step": 4}\n{not json')
-    assert not module.finished(broken)
+    assert not module.finished(broken)  # its last step was not evaluated
+
+
+def test_a_run_under_a_token_budget_is_finished_when_it_spent_it(module, tmp_path):
+    run = make_run(tmp_path, "grpo", 0, steps=80, done=4)  # 4,000 tokens by step 4
+    config = json.loads((run / "config.json").read_text())
+    config["run"]["total_token_budget"] = 4000
+    (run / "config.json").write_text(json.dumps(config))
+    assert module.finished(run)
+    config["run"]["total_token_budget"] = 4001
+    (run / "config.json").write_text(json.dumps(config))
+    assert not module.finished(run)
 
 
 def test_restore_puts_runs_back_and_refuses_to_overwrite_other_metrics(module, tmp_path):
