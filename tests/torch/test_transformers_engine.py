@@ -10,6 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import engine_contract
+from engine_contract import (check_rows_max_tokens_and_length_finish, check_stop_token_ends_sample_and_is_included,
+                             forward_logprobs)
+
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine, sample_next
 from tracerl.io.engine import SamplingParams
@@ -24,15 +28,7 @@ def model():
 
 
 def tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
-
-
-def forward_logprobs(model, prefix: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
-    """log_softmax(logits / T) of each output token, from one forward pass over prefix + output."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prefix + output])).logits[0].float()  # (T, V)
-    logp = torch.log_softmax(logits / temperature, -1)
-    return [logp[len(prefix) - 1 + i, t].item() for i, t in enumerate(output)]
+    return engine_contract.tokens(n, seed, VOCAB)
 
 
 def assert_same(got, want, what: str) -> None:
@@ -105,32 +101,11 @@ def test_seed_determines_output(model):
 
 
 def test_n_rows_max_tokens_and_length_finish(model):
-    engine = TransformersEngine(model)
-    params = SamplingParams(temperature=1.0, max_tokens=5, seed=0)
-    out = engine.generate([tokens(4, seed=10), tokens(6, seed=11), tokens(2, seed=12)], params, n=[3, 0, 2])
-    assert [len(s) for s in out] == [3, 0, 2]
-    for c in (c for s in out for c in s):
-        assert len(c.token_ids) == len(c.logprobs) == 5 and c.finish_reason == "length"
-    assert engine.generate([], params) == []
-    with pytest.raises(ValueError, match="one count"):
-        engine.generate([tokens(4, seed=10)], params, n=[1, 2])
+    check_rows_max_tokens_and_length_finish(TransformersEngine(model), VOCAB)
 
 
 def test_stop_token_ends_sample_and_is_included(model):
-    engine = TransformersEngine(model)
-    prefix = tokens(10, seed=13)
-    free = engine.generate([prefix], SamplingParams(temperature=0.0, max_tokens=10))[0][0]
-    stop = free.token_ids[3]
-    first = free.token_ids.index(stop)
-    got = engine.generate([prefix], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=(stop,)))[0][0]
-    assert got.token_ids == free.token_ids[: first + 1] and got.finish_reason == "stop"
-    # sampled: half the vocabulary stops, so every sample ends early, at its first stop token
-    stops = tuple(range(0, VOCAB, 2))
-    out = engine.generate([prefix, tokens(5, seed=14)], SamplingParams(max_tokens=40, stop_token_ids=stops, seed=1),
-                          n=4)
-    for c in (c for s in out for c in s):
-        assert c.finish_reason == "stop" and c.token_ids[-1] in stops
-        assert not set(c.token_ids[:-1]) & set(stops), f"sample went on after a stop token: {c.token_ids}"
+    check_stop_token_ends_sample_and_is_included(TransformersEngine(model), VOCAB)
 
 
 def test_stats_count_shared_prefill_and_reuse_off_recomputes(model):
