@@ -6,13 +6,15 @@
 
 A long comparison (`benchmarks/preregistered.sh`: 41 seeds x 3 methods) outlives the machine it starts on. `save`
 copies, for every seed whose runs of all `--methods` are finished (their last step trained and evaluated, at the
-stop their config set: `run.num_steps` or `run.total_token_budget`), what `tracerl compare --report-only` reads of each run: `metrics.jsonl`, `config.json`,
-`provenance.json` (starting weights, torch, machine) and the first step's trees (the regime of the first batches);
-not the checkpoints or later trees. A seed is kept whole or not at all, so its three runs trained on one machine;
-`saved_on.json` beside each run names the machine that saved it (CPU model and a hash of its flags). `--policy`
-also keeps the build the runs started from (the embedded policy's cache folder, about 2 MB), so a later machine
+stop their config set: `run.num_steps` or `run.total_token_budget`), what `tracerl compare --report-only` reads of
+each run: `metrics.jsonl`, `config.json`, `provenance.json` (starting weights, torch, machine) and the first step's
+trees (the regime of the first batches); not the checkpoints or later trees. A seed is kept whole or not at all, so
+its three runs trained on one machine; `saved_on.json` beside each run names the machine that saved it (CPU model
+and a hash of its flags). With the first seed it also keeps the build the runs started from (`--policy`, else the
+local build their `provenance.json` names; the embedded policy's cache folder, about 2 MB), so a later machine
 starts from the same weights instead of rebuilding (a build is bit-identical across thread counts on one machine,
-not across CPUs). Records already kept are never overwritten.
+not across machines); a seed whose runs start from other weights than those kept is refused. Records already kept
+are never overwritten.
 
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
@@ -100,14 +102,35 @@ def seeds_in(folder: Path, labels: list[str]) -> dict[int, dict[str, Path]]:
     return found
 
 
+def starting_weights(run_dir: Path) -> tuple[str | None, Path | None]:
+    """(weights hash, build folder) from a run's provenance.json: the folder only when it is a local build."""
+    try:
+        record = json.loads((run_dir / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    source = Path(record.get("source") or "")
+    return record.get("weights_sha256"), source if record.get("source") and (source / "model").is_dir() else None
+
+
 def save(runs: Path, records: Path, labels: list[str], policy: Path | None = None) -> list[int]:
-    """Keep every finished seed of `runs` not yet in `records`; return the seeds kept now."""
+    """Keep every finished seed of `runs` not yet in `records`, and the build its runs started from when none is kept
+    yet (`policy`, else the local build their provenance names); return the seeds kept now. A seed whose runs start
+    from other weights than the runs already kept is refused, naming both."""
     saved = []
+    records.mkdir(parents=True, exist_ok=True)
+    kept_weights = {starting_weights(d)[0] for d in records.iterdir() if RUN_NAME.match(d.name)} - {None}
     for seed, dirs in sorted(seeds_in(runs, labels).items()):
         if set(dirs) != set(labels) or not all(finished(d) for d in dirs.values()):
             continue
         if all((records / d.name / "metrics.jsonl").exists() for d in dirs.values()):
             continue
+        weights = {starting_weights(d)[0] for d in dirs.values()} - {None}
+        if len(weights | kept_weights) > 1:
+            raise ValueError(f"seed {seed}'s runs start from weights {sorted(w[:12] for w in weights)}, the kept runs "
+                             f"from {sorted(w[:12] for w in kept_weights)}: train it from the kept build "
+                             f"({records / POLICY}, restored into $TRACERL_CACHE) before keeping it")
+        kept_weights |= weights
+        policy = policy or next(filter(None, (starting_weights(d)[1] for d in dirs.values())), None)
         for run_dir in dirs.values():
             target = records / run_dir.name
             tmp = records / f".{run_dir.name}.tmp"
@@ -121,10 +144,8 @@ def save(runs: Path, records: Path, labels: list[str], policy: Path | None = Non
                 raise FileExistsError(f"{target} holds part of seed {seed}'s records; remove it or restore it first")
             tmp.rename(target)
         saved.append(seed)
-    if policy is not None:
-        kept = records / POLICY / policy.name
-        if not kept.exists():
-            shutil.copytree(policy, kept)
+    if policy is not None and not any((records / POLICY).glob("*/model")):
+        shutil.copytree(policy, records / POLICY / policy.name)
     return saved
 
 

@@ -17,13 +17,14 @@ def module():
     return load_benchmark_script("run_records")
 
 
-def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4) -> Path:
+def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4, weights: str = "ab" * 32,
+             source: Path | None = None) -> Path:
     run = folder / f"{label}-seed{seed}"
     (run / "trees").mkdir(parents=True)
     (run / "checkpoints" / "step-000004").mkdir(parents=True)
     (run / "checkpoints" / "step-000004" / "model.pt").write_bytes(b"\0" * 64)
     (run / "config.json").write_text(json.dumps({"run": {"num_steps": steps}, "method": label}))
-    (run / "provenance.json").write_text(json.dumps({"weights_sha256": "ab" * 32}))
+    (run / "provenance.json").write_text(json.dumps({"weights_sha256": weights, "source": str(source or "Qwen/x")}))
     for step in (1, 2):
         (run / "trees" / f"step-00000{step}.json.gz").write_bytes(b"trees")
     rows = [{"kind": "eval", "step": 0}]
@@ -114,3 +115,26 @@ def test_the_command_line_names_a_wrong_build_folder(module, tmp_path, capsys):
     assert "not a build folder" in capsys.readouterr().err
     assert module.main(["pending", str(tmp_path / "records"), "--seeds", "0-2"]) == 0
     assert capsys.readouterr().out.strip() == "0-2"
+
+
+def test_the_build_named_by_the_runs_provenance_is_kept_once(module, tmp_path):
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    build = tmp_path / "cache" / "feedbeef"
+    (build / "model").mkdir(parents=True)
+    (build / "model" / "model.safetensors").write_bytes(b"weights")
+    for seed in (0, 1):
+        for label in LABELS:
+            make_run(runs, label, seed, source=build)
+    module.save(runs, records, LABELS)
+    assert (records / "policy" / "feedbeef" / "model" / "model.safetensors").read_bytes() == b"weights"
+    assert [p.name for p in (records / "policy").iterdir()] == ["feedbeef"]
+
+
+def test_a_seed_from_other_weights_is_refused(module, tmp_path):
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    for label in LABELS:
+        make_run(runs, label, 0)
+        make_run(runs, label, 1, weights="cd" * 32)  # trained on a machine that built its own weights
+    with pytest.raises(ValueError, match="seed 1's runs start from weights.*kept build"):
+        module.save(runs, records, LABELS)
+    assert module.pending(records, [0, 1], LABELS) == [1]  # seed 0 was kept before the refusal

@@ -1,0 +1,97 @@
+"""benchmarks/continue_preregistered.sh: the seeds not yet kept, split over lanes so that no run is trained twice,
+each seed kept as soon as it finishes; a testbed already read is never trained again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_run_records import LABELS, make_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = "benchmarks/continue_preregistered.sh"
+
+# stands in for the frozen tree's preregistered.sh: for SEEDS "s-s", writes three finished runs of seed s and logs it
+FAKE_TRAINER = """#!/usr/bin/env bash
+set -euo pipefail
+seed=${2%-*}
+echo "$seed" >> runs/preregistered/$1/trained.txt
+python3 - "$1" "$seed" <<'PY'
+import json, sys
+from pathlib import Path
+testbed, seed = sys.argv[1], int(sys.argv[2])
+for label in ("grpo", "pcl", "trace"):
+    run = Path("runs/preregistered") / testbed / f"{label}-seed{seed}"
+    (run / "trees").mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(json.dumps({"run": {"num_steps": 2}}))
+    (run / "provenance.json").write_text(json.dumps({"weights_sha256": "ab" * 32, "source": "x"}))
+    rows = [{"kind": "eval", "step": 0}, {"kind": "train", "step": 1, "rollout/cum_tokens": 10},
+            {"kind": "train", "step": 2, "rollout/cum_tokens": 20}, {"kind": "eval", "step": 2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+PY
+"""
+
+
+@pytest.fixture
+def trees(tmp_path):
+    """A copy of this tree's two scripts (HERE) and a stand-in frozen tree (FROZEN)."""
+    here, frozen = tmp_path / "here", tmp_path / "frozen"
+    (here / "benchmarks").mkdir(parents=True)
+    for name in ("continue_preregistered.sh", "run_records.py"):
+        shutil.copy2(ROOT / "benchmarks" / name, here / "benchmarks" / name)
+    (frozen / "benchmarks").mkdir(parents=True)
+    (frozen / "benchmarks" / "preregistered.sh").write_text(FAKE_TRAINER)
+    (frozen / "benchmarks" / "preregistered.sh").chmod(0o755)
+    return here, frozen
+
+
+def run(here: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "TRACERL_CACHE": str(here.parent / "cache")}
+    return subprocess.run(["bash", str(here / SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_dry_run_splits_the_pending_seeds_over_lanes(trees):
+    here, frozen = trees
+    records = here / "benchmarks/results/preregistered-headroom/runs"
+    for seed in (0, 2, 3):
+        for label in LABELS:
+            make_run(records, label, seed)
+    done = run(here, "headroom", str(frozen), "3", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    lanes = [line.split("seeds ")[1].split(" (")[0] for line in done.stdout.splitlines() if "lane" in line]
+    assert lanes == ["1 6 9 12 15 18 21 24 27 30 33 36 39", "4 7 10 13 16 19 22 25 28 31 34 37 40",
+                     "5 8 11 14 17 20 23 26 29 32 35 38"]
+    assert not (frozen / "runs").exists()  # a dry run trains and restores nothing
+
+
+def test_every_pending_seed_is_trained_once_and_kept(trees):
+    here, frozen = trees
+    records = here / "benchmarks/results/preregistered-default/runs"
+    for seed in range(27):
+        for label in LABELS:
+            make_run(records, label, seed)
+    done = run(here, "default", str(frozen), "2")
+    assert done.returncode == 0, done.stderr
+    trained = (frozen / "runs/preregistered/default/trained.txt").read_text().split()
+    assert sorted(trained, key=int) == ["27", "28", "29"]
+    assert (frozen / "runs/preregistered/default/grpo-seed5/metrics.jsonl").exists()  # restored
+    assert json.loads((records / "trace-seed29" / "config.json").read_text())["run"]["num_steps"] == 2  # kept
+    again = run(here, "default", str(frozen), "2")
+    assert again.returncode == 0 and "every planned seed" in again.stdout
+
+
+def test_a_testbed_already_read_is_not_trained_again(trees):
+    here, frozen = trees
+    (here / "benchmarks/results/preregistered-default").mkdir(parents=True)
+    (here / "benchmarks/results/preregistered-default/primary.md").write_text("read\n")
+    done = run(here, "default", str(frozen))
+    assert done.returncode == 1 and "has been read" in done.stderr
+    assert "unknown testbed" in run(here, "other", str(frozen)).stderr
+    assert "positive number" in run(here, "headroom", str(frozen), "0").stderr
