@@ -129,3 +129,18 @@ def load_benchmark_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def play_episode(domain, row, policy, max_turns: int):
+    """Run `policy(row, turns)` in a fresh env of `domain` until the episode is done or `max_turns` actions; returns
+    (the last StepResult, [(action, observation), ...], env)."""
+    env = domain.make_env()
+    env.reset(row)
+    turns = []
+    for _ in range(max_turns):
+        action = policy(row, turns)
+        result = env.step(action)
+        turns.append((action, result.observation))
+        if result.done:
+            break
+    return result, turns, env

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import play_episode
+
 from tracerl.io.domains import bfcl
 from tracerl.io.domains.funcall import format_tool_call
 
@@ -41,16 +43,7 @@ def fs_row():
 
 
 def play(row, policy, max_steps=120):
-    env = domain().make_env()
-    env.reset(row)
-    turns = []
-    for _ in range(max_steps):
-        action = policy(row, turns)
-        result = env.step(action)
-        turns.append((action, result.observation))
-        if result.done:
-            break
-    return result, turns, env
+    return play_episode(domain(), row, policy, max_steps)
 
 
 def expert(row, turns):

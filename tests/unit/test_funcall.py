@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from helpers import play_episode
+
 from tracerl.io.domains import funcall
 from tracerl.io.domains.funcall import FuncallDomain, api_state, format_tool_call
 
@@ -15,17 +17,7 @@ WORDS = sorted(set(funcall.FOLDERS + funcall.FILES + funcall.NOTES + funcall.ACC
 
 
 def play(row, policy, max_turns=8):
-    """Run `policy(row, turns)` in a fresh env; returns (final StepResult, turns, env)."""
-    env = DOMAIN.make_env()
-    env.reset(row)
-    turns = []
-    for _ in range(max_turns):
-        action = policy(row, turns)
-        result = env.step(action)
-        turns.append((action, result.observation))
-        if result.done:
-            break
-    return result, turns, env
+    return play_episode(DOMAIN, row, policy, max_turns)
 
 
 def expert(row, turns):
