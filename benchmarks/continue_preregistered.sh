@@ -1,51 +1,64 @@
 #!/usr/bin/env bash
-# Continue a pre-registered testbed's runs on this machine from the records kept in this repository
-# (benchmarks/preregistration.md, amendment 9): put the kept runs and build back into FROZEN (a checkout of the tree the
-# runs train from), then train the seeds not yet kept, LANES processes at a time, each lane one seed at a time in
-# FROZEN's benchmarks/preregistered.sh, keeping every seed in benchmarks/results/preregistered-<testbed>/runs/ as soon
-# as its three runs finish (and the build the runs started from, with the first). Each lane logs to
-# FROZEN/runs/preregistered/<testbed>/lane-<n>.log.
+# Continue a pre-registered design's runs on this machine from the records kept in this repository
+# (benchmarks/preregistration.md, amendment 9): put the kept runs and build back into FROZEN (a checkout of the commit
+# the design's runs train from, refused if its HEAD is another), then train the seeds not yet kept, LANES processes
+# at a time, each lane one seed at a time with FROZEN's own script, keeping every seed in
+# benchmarks/results/<results>/runs/ as soon as its three runs finish (and the build they started from, with the
+# first). Each lane logs to FROZEN/<runs>/lane-<n>.log.
 #
-#   benchmarks/continue_preregistered.sh default|headroom FROZEN [LANES] [--dry-run]
+#   benchmarks/continue_preregistered.sh DESIGN FROZEN [LANES] [--dry-run]
 #
-# Seeds go to lanes round-robin, so no two processes ever train one run; a lock on FROZEN's runs folder refuses a
-# second invocation while one runs. --dry-run restores nothing and trains nothing: it prints each lane's seeds. The
-# build goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python
+#   design       seeds    FROZEN at   trains with (FROZEN's)                                      kept in results/
+#   default      0-29     caeaa86     preregistered.sh default                                    preregistered-default
+#   headroom     0-40     caeaa86     preregistered.sh headroom                                   preregistered-headroom
+#   funcall      0-88     9e8af0d     domains_equal_tokens.sh funcall --set run.eval_prompts=256  domain-funcall-confirmatory
+#   math-pilot   100-105  f46d1cc     domains_equal_tokens.sh math                                domain-math-equal-tokens
+#
+# (the multihop testbeds' FROZEN also carries amendment 1's engine change, uncommitted: see
+# results/preregistered-headroom/README.md). Seeds go to lanes round-robin, so no two processes ever train one run; a
+# lock on FROZEN's runs folder refuses a second invocation while one runs; a design already read (primary.md in its
+# results folder) is refused. --dry-run restores nothing and trains nothing: it prints each lane's seeds. The build
+# goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python
 # (run_records.py) is the active environment's with this tree's package; FROZEN's runs use FROZEN/src.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 args=()
 dry=false
 for arg in "$@"; do if [ "$arg" = --dry-run ]; then dry=true; else args+=("$arg"); fi; done
-testbed=${args[0]:?"name a testbed: default or headroom"}
+design=${args[0]:?"name a design: default, headroom, funcall or math-pilot"}
 frozen=$(cd "${args[1]:?"name the frozen tree (a checkout of the commit the runs train from)"}" && pwd)
 lanes=${args[2]:-2}
-case "$testbed" in
-  default) seeds=0-29 ;;  # the seed counts of preregistration.md
-  headroom) seeds=0-40 ;;
-  *) echo "unknown testbed $testbed: use default or headroom" >&2; exit 2 ;;
+case "$design" in  # the seed counts and trees of preregistration.md (amendments 2, 7, 8)
+  default|headroom) seeds=$([ "$design" = default ] && echo 0-29 || echo 0-40); commit=caeaa86
+    out=runs/preregistered/$design; results=preregistered-$design; train=(benchmarks/preregistered.sh "$design"); extra=() ;;
+  funcall) seeds=0-88; commit=9e8af0d; out=runs/domains-equal-tokens/funcall; results=domain-funcall-confirmatory
+    train=(benchmarks/domains_equal_tokens.sh funcall); extra=(--jobs 1 --set run.eval_prompts=256) ;;
+  math-pilot) seeds=100-105; commit=f46d1cc; out=runs/domains-equal-tokens/math; results=domain-math-equal-tokens
+    train=(benchmarks/domains_equal_tokens.sh math); extra=() ;;
+  *) echo "unknown design $design: use default, headroom, funcall or math-pilot" >&2; exit 2 ;;
 esac
 case "$lanes" in ''|*[!0-9]*|0) echo "LANES must be a positive number, not '$lanes'" >&2; exit 2 ;; esac
-if [ -e "$here/benchmarks/results/preregistered-$testbed/primary.md" ]; then
-  echo "$testbed has been read (benchmarks/results/preregistered-$testbed/primary.md): its runs are not trained again" >&2
+if [ -e "$here/benchmarks/results/$results/primary.md" ]; then
+  echo "$design has been read (benchmarks/results/$results/primary.md): its runs are not trained again" >&2
   exit 1
 fi
-records=$here/benchmarks/results/preregistered-$testbed/runs
-runs=$frozen/runs/preregistered/$testbed
+head=$(git -C "$frozen" rev-parse HEAD 2>/dev/null || true)
+if [[ $head != $commit* ]]; then
+  echo "$frozen is at '${head:0:7}', not $commit, the commit $design's runs train from: git worktree add DIR $commit" >&2
+  exit 2
+fi
+records=$here/benchmarks/results/$results/runs
+runs=$frozen/$out
 cache=${TRACERL_CACHE:-$HOME/.cache/tracerl}
 keep() { env -u PYTHONPATH python "$here/benchmarks/run_records.py" "$@"; }
 
-if [ ! -x "$frozen/benchmarks/preregistered.sh" ]; then
-  echo "$frozen has no benchmarks/preregistered.sh: give a checkout of the tree the runs train from" >&2
-  exit 2
-fi
 read -r -a pending <<< "$(keep pending "$records" --seeds "$seeds" | tr ',' ' ')"
 expanded=()
 for part in "${pending[@]}"; do
   if [[ $part == *-* ]]; then expanded+=($(seq "${part%-*}" "${part#*-}")); else expanded+=("$part"); fi
 done
 if [ ${#expanded[@]} = 0 ]; then
-  echo "continue_preregistered: every planned seed of $testbed is kept in $records; read it with read_preregistered.sh"
+  echo "continue_preregistered: every planned seed of $design is kept in $records"
   exit 0
 fi
 plan=()
@@ -64,8 +77,8 @@ keep restore "$records" "$runs" --cache "$cache"
 for ((lane = 0; lane < lanes; lane++)); do
   (
     for seed in ${plan[lane]}; do
-      (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" benchmarks/preregistered.sh "$testbed" \
-        "$seed-$seed") >> "$runs/lane-$lane.log" 2>&1
+      (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
+        >> "$runs/lane-$lane.log" 2>&1
       keep save "$runs" "$records"
     done
   ) &

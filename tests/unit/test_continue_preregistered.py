@@ -38,16 +38,30 @@ PY
 """
 
 
+def git(folder: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
 @pytest.fixture
 def trees(tmp_path):
-    """A copy of this tree's two scripts (HERE) and a stand-in frozen tree (FROZEN)."""
+    """A copy of this tree's two scripts (HERE) and a stand-in frozen tree (FROZEN, a git repository whose commit
+    the copied script expects in place of the multihop testbeds' caeaa86)."""
     here, frozen = tmp_path / "here", tmp_path / "frozen"
     (here / "benchmarks").mkdir(parents=True)
-    for name in ("continue_preregistered.sh", "run_records.py"):
-        shutil.copy2(ROOT / "benchmarks" / name, here / "benchmarks" / name)
     (frozen / "benchmarks").mkdir(parents=True)
     (frozen / "benchmarks" / "preregistered.sh").write_text(FAKE_TRAINER)
     (frozen / "benchmarks" / "preregistered.sh").chmod(0o755)
+    git(frozen, "init", "-q")
+    git(frozen, "add", "-A")
+    git(frozen, "commit", "-qm", "frozen")
+    head = git(frozen, "rev-parse", "HEAD")
+    shutil.copy2(ROOT / "benchmarks" / "run_records.py", here / "benchmarks" / "run_records.py")
+    script = (ROOT / SCRIPT).read_text()
+    assert script.count("commit=caeaa86") == 1
+    (here / SCRIPT).write_text(script.replace("commit=caeaa86", f"commit={head[:7]}"))
     return here, frozen
 
 
@@ -93,5 +107,15 @@ def test_a_testbed_already_read_is_not_trained_again(trees):
     (here / "benchmarks/results/preregistered-default/primary.md").write_text("read\n")
     done = run(here, "default", str(frozen))
     assert done.returncode == 1 and "has been read" in done.stderr
-    assert "unknown testbed" in run(here, "other", str(frozen)).stderr
+    assert "unknown design" in run(here, "other", str(frozen)).stderr
     assert "positive number" in run(here, "headroom", str(frozen), "0").stderr
+
+
+def test_a_frozen_tree_at_another_commit_is_refused(trees):
+    here, frozen = trees
+    done = run(here, "funcall", str(frozen), "--dry-run")  # funcall trains from 9e8af0d
+    assert done.returncode == 2 and "not 9e8af0d" in done.stderr, done.stderr
+    (frozen / "later.txt").write_text("x")
+    git(frozen, "add", "-A")
+    git(frozen, "commit", "-qm", "later")
+    assert "git worktree add" in run(here, "headroom", str(frozen), "--dry-run").stderr
