@@ -10,7 +10,8 @@
 #   3. benchmarks/same_report.py on each pair of reports (against grpo, against pcl): this tree's must hold every
 #      field of the frozen tree's, or the script stops before anyone reads primary.md;
 #   4. benchmarks/preregistered_facts.py: the figures a results README quotes, in facts.md beside the reports; and,
-#      exploratory, stage 2 on its own terms over the `trace` runs' trees (stage2.md, stage2-calibration.md).
+#      exploratory, stage 2 on its own terms over the `trace` runs' trees (stage2.md, stage2-calibration.md): the
+#      runs that still have every step's trees (one restored from kept records has the first step's only), named.
 #
 #   benchmarks/read_preregistered.sh default|headroom FROZEN
 #
@@ -46,7 +47,15 @@ python benchmarks/same_report.py "$theirs/compare.json" "$mine/compare.json"
 python benchmarks/same_report.py "$theirs/vs-pcl/compare.json" "$mine/vs-pcl/compare.json"
 python benchmarks/preregistered_facts.py "$mine" --out "$mine/facts.md" > /dev/null
 case "$seeds" in *-*) first=${seeds%-*}; last=${seeds#*-} ;; *) first=0; last=$((seeds - 1)) ;; esac
-trace_runs=$(for s in $(seq "$first" "$last"); do echo "$runs/trace-seed$s"; done)
-tracerl bench stage2 $trace_runs --out "$mine/stage2.md" > /dev/null
-python benchmarks/stage2_calibration.py $trace_runs --out "$mine/stage2-calibration.md" > /dev/null
+# only runs with every step's trees: a run restored from kept records has the first step's alone (amendment 9)
+trace_runs=$(for s in $(seq "$first" "$last"); do
+  [ -e "$runs/trace-seed$s/trees/step-000002.json.gz" ] && echo "$runs/trace-seed$s"; done || true)
+if [ -n "$trace_runs" ]; then
+  echo "read_preregistered: stage 2 (exploratory) over the trace runs with their trees: seeds" \
+    $(for r in $trace_runs; do echo "${r##*seed}"; done)
+  tracerl bench stage2 $trace_runs --out "$mine/stage2.md" > /dev/null
+  python benchmarks/stage2_calibration.py $trace_runs --out "$mine/stage2-calibration.md" > /dev/null
+else
+  echo "read_preregistered: no trace run here has its trees (restored from records); stage 2 not read"
+fi
 echo "read_preregistered: $testbed read; the frozen tree's reports in $theirs, this tree's and the verdict in $mine"
