@@ -122,6 +122,24 @@ def test_resume_after_sigkill_gives_the_same_metrics(tiny_overrides, tmp_path):
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
+def test_every_step_samples_from_an_empty_kv_store(tiny_overrides, tmp_path):
+    """What a resumed step starts from, so a step kept whole and a step after a resume compute alike: a step whose
+    update left the weights unchanged would otherwise hand its store to the next one."""
+    trainer = Trainer(_config(tiny_overrides, tmp_path, "method=trace"))
+    seen, generate = [], trainer.engine.generate
+
+    def recording(*args, **kwargs):
+        seen.append((trainer.step, len(trainer.engine.store)))
+        return generate(*args, **kwargs)
+
+    trainer.engine.generate = recording
+    for _ in range(3):
+        trainer.train_step()
+    firsts = {step: entries for step, entries in reversed(seen)}  # each step's first call
+    assert sorted(firsts) == [0, 1, 2] and set(firsts.values()) == {0}, seen
+    assert any(entries > 0 for _, entries in seen), "the store is used within a step"
+
+
 def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tmp_path):
     from dataclasses import replace
 

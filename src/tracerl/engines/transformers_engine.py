@@ -23,7 +23,8 @@ instead of the call's generator, so its draws do not depend on the rest of the b
 What it does not do: text, chat templates or EOS handling (only `stop_token_ids` end a sample); sliding-window,
 hybrid or recurrent-state models (refused at construction); paged memory. Cached keys/values are dropped when
 the model's weights change in place (optimizer step, `load_state_dict`); call `clear_cache()` after any other
-change to the model.
+change to the model. Reused keys/values equal recomputed ones up to float rounding, not bit for bit, so the trainer
+empties the store at every step's start (a resumed step starts with an empty one).
 """
 
 from __future__ import annotations

@@ -193,6 +193,12 @@ class Trainer:
         """The step's sampling (tracerl.core.step): the next pool, predictor, stage 1, rollouts, stage 2, predictor
         scored then updated, advantages, measures. Returns (the StepResult, the runner, the pool's histories)."""
         runner = self.start_runner()
+        # Every step samples from an empty KV store, as a step resumed from a checkpoint does: a store kept from the
+        # last step (valid when that step left the weights unchanged) would make this step's logprobs differ from a
+        # resumed run's in the last bits, where reusing keys/values and recomputing them round differently.
+        clear_cache = getattr(self.engine, "clear_cache", None)
+        if clear_cache is not None:
+            clear_cache()
         pool = runner.set_rows([self.train_rows[i] for i in self.sampler.next_pool()],
                                seed=step_seed(self.config.run.seed, self.step, 0))
         return self.sampler.step(pool, runner), runner, pool
