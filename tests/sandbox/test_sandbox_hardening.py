@@ -410,7 +410,7 @@ def test_cgroup_parents_are_found_under_the_callers_own(mountinfo, cgroup, deleg
 
 def test_a_v2_cgroup_gets_memory_with_the_disk_and_pids_with_the_launcher(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox_cgroups, "cgroup_parents", lambda: (("v2", str(tmp_path)),))
-    made = sandbox_cgroups.make_cgroups(SandboxLimits(memory_mb=256, max_disk_mb=64, max_processes=32))
+    made = sandbox_cgroups.make_cgroups(memory_mb=256, max_disk_mb=64, max_processes=32)
     assert len(made) == 1 and os.path.dirname(made[0]) == str(tmp_path)
     values = {name: Path(made[0], name).read_text() for name in os.listdir(made[0])}
     assert values == {"memory.max": str(320 << 20), "memory.swap.max": "0", "pids.max": "32"}, values

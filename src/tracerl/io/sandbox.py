@@ -181,7 +181,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
     paths: list[str] = []
-    cgroups = [] if "cgroup" in _disable else make_cgroups(limits)
+    cgroups = [] if "cgroup" in _disable else make_cgroups(limits.memory_mb, limits.max_disk_mb, limits.max_processes)
     report, disk_error = {}, None
     try:
         for _ in range(4):  # source, stdout, stderr, status: named until the launcher has opened them

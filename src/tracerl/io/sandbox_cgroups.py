@@ -1,11 +1,11 @@
 """The sandbox's cgroups: one memory and one process-count group per call, nested under the caller's own.
 
-`make_cgroups(limits)` makes them where the caller's cgroup lets it (cgroup v2 with memory and pids delegated to
-children, or v1's memory and pids hierarchies) and returns their folders, or [] where the host offers none (the
-sandbox then bounds memory per process; see `sandbox.py`); the launcher moves itself into them before the code runs
-(`sandbox_child.join_cgroups`). `cgroup_oom` says whether the kernel's OOM killer acted in them, `remove_cgroups`
-removes them once every process of the call is gone. Groups left by a caller killed mid-call are swept on its
-successor's first call. Nothing here applies a limit to a running process or reads its usage.
+`make_cgroups(memory_mb, max_disk_mb, max_processes)` makes them where the caller's cgroup lets it (cgroup v2 with
+memory and pids delegated to children, or v1's memory and pids hierarchies) and returns their folders, or [] where
+the host offers none (the sandbox then bounds memory per process; see `sandbox.py`); the launcher moves itself into
+them before the code runs (`sandbox_child.join_cgroups`). `cgroup_oom` says whether the kernel's OOM killer acted in
+them, `remove_cgroups` removes them once every process of the call is gone. Groups left by a caller killed mid-call
+are swept on its successor's first call. Nothing here applies a limit to a running process or reads its usage.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ import functools
 import itertools
 import os
 import warnings
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tracerl.io.sandbox import SandboxLimits
 
 SERIAL = itertools.count()
 
@@ -74,13 +70,13 @@ def sweep_cgroups(parents: tuple[tuple[str, str], ...]) -> None:
                         pass  # still has processes, or another sweeper got there first
 
 
-def make_cgroups(limits: "SandboxLimits") -> list[str]:
+def make_cgroups(memory_mb: int, max_disk_mb: int, max_processes: int) -> list[str]:
     """Make the call's cgroups and set their limits: memory (the code's own plus its tmpfs files, which are
     charged to it) and processes (threads and the launcher included); [] when the host offers none."""
-    memory = (limits.memory_mb + limits.max_disk_mb) << 20
-    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.max_processes},
+    memory = (memory_mb + max_disk_mb) << 20
+    settings = {"v2": {"memory.max": memory, "memory.swap.max": 0, "pids.max": max_processes},
                 "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
-                "pids": {"pids.max": limits.max_processes}}
+                "pids": {"pids.max": max_processes}}
     made = []
     serial = next(SERIAL)
     if serial == 0:
