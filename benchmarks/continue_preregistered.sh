@@ -15,7 +15,8 @@
 #   math-pilot   100-105  f46d1cc     domains_equal_tokens.sh math                                domain-math-equal-tokens
 #
 # (the multihop testbeds' FROZEN also carries amendment 1's engine change, uncommitted: see
-# results/preregistered-headroom/README.md). Seeds go to lanes round-robin, so no two processes ever train one run; a
+# results/preregistered-headroom/README.md). A pending seed is trained from step 0, never resumed: run folders of it
+# left by a stopped lane are moved to FROZEN/<runs>/.stopped/ first. Seeds go to lanes round-robin, so no two processes ever train one run; a
 # lock on FROZEN's runs folder refuses a second invocation while one runs; a design already read (primary.md in its
 # results folder) is refused. --dry-run restores nothing and trains nothing: it prints each lane's seeds. The build
 # goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python
@@ -77,6 +78,10 @@ keep restore "$records" "$runs" --cache "$cache"
 for ((lane = 0; lane < lanes; lane++)); do
   (
     for seed in ${plan[lane]}; do
+      # a pending seed's run folders here were stopped part-way: set aside, so the seed trains from step 0
+      for dir in "$runs"/*-seed"$seed"; do
+        [ -d "$dir" ] && mkdir -p "$runs/.stopped" && mv "$dir" "$runs/.stopped/${dir##*/}.$(date +%Y%m%d%H%M%S)"
+      done
       (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
         >> "$runs/lane-$lane.log" 2>&1
       keep save "$runs" "$records"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark_script
 from test_run_records import LABELS, make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,18 +86,26 @@ def test_a_dry_run_splits_the_pending_seeds_over_lanes(trees):
     assert not (frozen / "runs").exists()  # a dry run trains and restores nothing
 
 
+def module_finished(run_dir: Path) -> bool:
+    return load_benchmark_script("run_records").finished(run_dir)
+
+
 def test_every_pending_seed_is_trained_once_and_kept(trees):
     here, frozen = trees
     records = here / "benchmarks/results/preregistered-default/runs"
     for seed in range(27):
         for label in LABELS:
             make_run(records, label, seed)
+    stopped = make_run(frozen / "runs/preregistered/default", "grpo", 28, done=1)  # a lane stopped part-way
     done = run(here, "default", str(frozen), "2")
     assert done.returncode == 0, done.stderr
     trained = (frozen / "runs/preregistered/default/trained.txt").read_text().split()
     assert sorted(trained, key=int) == ["27", "28", "29"]
     assert (frozen / "runs/preregistered/default/grpo-seed5/metrics.jsonl").exists()  # restored
     assert json.loads((records / "trace-seed29" / "config.json").read_text())["run"]["num_steps"] == 2  # kept
+    assert [p.name.split(".")[0] for p in (frozen / "runs/preregistered/default/.stopped").iterdir()] == [
+        "grpo-seed28"]  # set aside, not resumed
+    assert not stopped.exists() or module_finished(stopped)
     again = run(here, "default", str(frozen), "2")
     assert again.returncode == 0 and "every planned seed" in again.stdout
 
