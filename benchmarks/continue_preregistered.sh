@@ -8,19 +8,20 @@
 #
 #   benchmarks/continue_preregistered.sh DESIGN FROZEN [LANES] [--dry-run]
 #
-#   design       seeds    FROZEN at   trains with (FROZEN's)                                      kept in results/
-#   default      0-29     caeaa86     preregistered.sh default                                    preregistered-default
-#   headroom     0-40     caeaa86     preregistered.sh headroom                                   preregistered-headroom
-#   funcall      0-88     9e8af0d     domains_equal_tokens.sh funcall --set run.eval_prompts=256  domain-funcall-confirmatory
-#   math-pilot   100-105  f46d1cc     domains_equal_tokens.sh math                                domain-math-equal-tokens
+#   design      seeds    FROZEN at  trains with (FROZEN's)                                  kept in results/
+#   default     0-29     caeaa86    preregistered.sh default                                preregistered-default
+#   headroom    0-40     caeaa86    preregistered.sh headroom                               preregistered-headroom
+#   funcall     0-88     9e8af0d    domains_equal_tokens.sh funcall (256 questions)         domain-funcall-confirmatory
+#   math-pilot  100-105  f46d1cc    domains_equal_tokens.sh math                            domain-math-equal-tokens
 #
 # (the multihop testbeds' FROZEN also carries amendment 1's engine change, uncommitted: see
 # results/preregistered-headroom/README.md). A pending seed is trained from step 0, never resumed: run folders of it
-# left by a stopped lane are moved to FROZEN/<runs>/.stopped/ first. Seeds go to lanes round-robin, so no two processes ever train one run; a
-# lock on FROZEN's runs folder refuses a second invocation while one runs; a design already read (primary.md in its
-# results folder) is refused. --dry-run restores nothing and trains nothing: it prints each lane's seeds. The build
-# goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python
-# (run_records.py) is the active environment's with this tree's package; FROZEN's runs use FROZEN/src.
+# left by a stopped lane are moved to FROZEN/<runs>/.stopped/ first. Seeds go to lanes round-robin, so no two
+# processes ever train one run; a lock on FROZEN's runs folder refuses a second invocation while one runs; a design
+# already read (primary.md in its results folder) is refused. --dry-run restores nothing and trains nothing: it
+# prints each lane's seeds. The build goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look
+# for it. This script's Python (run_records.py) is the active environment's with this tree's package; FROZEN's runs
+# use FROZEN/src.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 args=()
@@ -31,7 +32,8 @@ frozen=$(cd "${args[1]:?"name the frozen tree (a checkout of the commit the runs
 lanes=${args[2]:-2}
 case "$design" in  # the seed counts and trees of preregistration.md (amendments 2, 7, 8)
   default|headroom) seeds=$([ "$design" = default ] && echo 0-29 || echo 0-40); commit=caeaa86
-    out=runs/preregistered/$design; results=preregistered-$design; train=(benchmarks/preregistered.sh "$design"); extra=() ;;
+    out=runs/preregistered/$design; results=preregistered-$design
+    train=(benchmarks/preregistered.sh "$design"); extra=() ;;
   funcall) seeds=0-88; commit=9e8af0d; out=runs/domains-equal-tokens/funcall; results=domain-funcall-confirmatory
     train=(benchmarks/domains_equal_tokens.sh funcall); extra=(--jobs 1 --set run.eval_prompts=256) ;;
   math-pilot) seeds=100-105; commit=f46d1cc; out=runs/domains-equal-tokens/math; results=domain-math-equal-tokens
@@ -45,7 +47,8 @@ if [ -e "$here/benchmarks/results/$results/primary.md" ]; then
 fi
 head=$(git -C "$frozen" rev-parse HEAD 2>/dev/null || true)
 if [[ $head != $commit* ]]; then
-  echo "$frozen is at '${head:0:7}', not $commit, the commit $design's runs train from: git worktree add DIR $commit" >&2
+  echo "$frozen is at '${head:0:7}', not $commit, the commit $design's runs train from:" \
+    "git worktree add DIR $commit" >&2
   exit 2
 fi
 records=$here/benchmarks/results/$results/runs
@@ -89,4 +92,4 @@ for ((lane = 0; lane < lanes; lane++)); do
   ) &
 done
 wait
-echo "continue_preregistered: lanes done; kept seeds: $(ls "$records" | grep -c -- '-seed') runs in $records"
+echo "continue_preregistered: lanes done; $(ls "$records" | grep -c -- '-seed') runs kept in $records"
