@@ -122,8 +122,11 @@ def save(runs: Path, records: Path, labels: list[str], policy: Path | None = Non
     for seed, dirs in sorted(seeds_in(runs, labels).items()):
         if set(dirs) != set(labels) or not all(finished(d) for d in dirs.values()):
             continue
-        if all((records / d.name / "metrics.jsonl").exists() for d in dirs.values()):
+        present = [(records / d.name).exists() for d in dirs.values()]
+        if all(present):
             continue
+        if any(present):
+            raise FileExistsError(f"{records} holds part of seed {seed}'s records; remove them or restore them first")
         weights = {starting_weights(d)[0] for d in dirs.values()} - {None}
         if len(weights | kept_weights) > 1:
             raise ValueError(f"seed {seed}'s runs start from weights {sorted(w[:12] for w in weights)}, the kept runs "
@@ -140,8 +143,6 @@ def save(runs: Path, records: Path, labels: list[str], policy: Path | None = Non
                     (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(run_dir / name, tmp / name)
             (tmp / "saved_on.json").write_text(json.dumps(machine(), indent=1) + "\n")
-            if target.exists():
-                raise FileExistsError(f"{target} holds part of seed {seed}'s records; remove it or restore it first")
             tmp.rename(target)
         saved.append(seed)
     if policy is not None and not any((records / POLICY).glob("*/model")):

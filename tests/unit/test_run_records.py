@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,9 @@ def test_a_finished_seed_is_kept_without_checkpoints_or_later_trees(module, tmp_
     assert json.loads((kept / "saved_on.json").read_text())["cpu_flags_sha256"]
     assert (kept / "metrics.jsonl").read_bytes() == (runs / "trace-seed3" / "metrics.jsonl").read_bytes()
     assert module.save(runs, records, LABELS) == []  # kept once
+    shutil.rmtree(records / "pcl-seed3")
+    with pytest.raises(FileExistsError, match="part of seed 3"):  # a seed is never kept half
+        module.save(runs, records, LABELS)
 
 
 def test_a_seed_is_kept_whole_or_not_at_all(module, tmp_path):
