@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from tracerl.io.runlog import read_metrics, reached_stop
+from tracerl.report.compare import seed_spans
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
 RUN_NAME = re.compile(r"^(?P<label>.+)-seed(?P<seed>\d+)$")
@@ -50,14 +51,9 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def format_seeds(seeds: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    parts, start = [], None
-    for i, s in enumerate(seeds):
-        start = s if start is None else start
-        if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
-            parts.append(f"{start}-{s}" if s > start else str(s))
-            start = None
-    return ",".join(parts)
+    """[0, 1, 2, 5] -> '0-2,5', and one seed k as 'k-k': what `tracerl compare --seeds` reads back as these seeds
+    (a bare 'k' is a count there)."""
+    return f"{seeds[0]}-{seeds[0]}" if len(set(seeds)) == 1 else ",".join(seed_spans(seeds))
 
 
 def finished(run_dir: Path) -> bool:
@@ -195,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.runs} is not a folder of runs")
         if args.policy is not None and not (args.policy / "model").is_dir():
             parser.error(f"{args.policy} is not a build folder (no model/ in it): give $TRACERL_CACHE/<build id>")
-        args.records.mkdir(parents=True, exist_ok=True)
         seeds = save(args.runs, args.records, args.methods.split(","), args.policy)
         print(f"run_records: kept seeds {format_seeds(seeds) or 'none'} in {args.records}")
     elif args.command == "restore":

@@ -35,7 +35,7 @@ Deliberately not here: training (`tracerl.train.compare`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,17 @@ def run_dir_name(label: str, seed: int) -> str:
     """`<label>-seed<seed>`, with characters a folder name should not hold replaced by '_'."""
     safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
     return f"{safe}-seed{seed}"
+
+
+def seed_spans(seeds: Sequence[int]) -> list[str]:
+    """The seeds as runs of consecutive ones: [0, 1, 2, 7] -> ["0-2", "7"]; [] -> []."""
+    seeds = sorted(set(seeds))
+    spans, start = [], seeds[0] if seeds else None
+    for previous, current in zip(seeds, seeds[1:] + [None]):
+        if current is None or current != previous + 1:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return spans
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

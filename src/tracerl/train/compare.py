@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from tracerl.io.runlog import RunInUse, read_metrics
-from tracerl.report.compare import complete_seeds, run_dir_name, write_report
+from tracerl.report.compare import complete_seeds, run_dir_name, seed_spans, write_report
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
@@ -103,12 +103,7 @@ def describe_seeds(seeds: Sequence[int]) -> str:
     """The seeds in words for a log line, ranges collapsed: "seeds 0-39 (40)", "seed 40", "seeds 0-2, 7 (4)". A
     bare number on the command line is a count, so this line is where a slip ("40" for seed 40) shows."""
     seeds = sorted(set(seeds))
-    spans, start = [], seeds[0]
-    for previous, current in zip(seeds, seeds[1:] + [None]):
-        if current is None or current != previous + 1:
-            spans.append(f"{start}-{previous}" if previous > start else str(start))
-            start = current
-    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(spans)} ({len(seeds)})"
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(seed_spans(seeds))} ({len(seeds)})"
 
 
 def run_compare(methods: str | Sequence[str], seeds: Sequence[int], out: str | Path, *, config_path: str | None = None,
