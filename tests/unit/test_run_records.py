@@ -109,6 +109,7 @@ def test_seed_lists_read_and_print_as_tracerl_compare_takes_them(module):
     assert module.parse_seeds("40") == [40]  # a seed, not a count
     assert module.format_seeds([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert module.format_seeds([]) == ""
+    assert module.format_seeds([40]) == "40-40"  # "40" would be read as a count, seeds 0-39
 
 
 def test_the_command_line_names_a_wrong_build_folder(module, tmp_path, capsys):
