@@ -3,7 +3,8 @@ the transformers engine's compute_dtype.
 
 Checked: the engine with compute_dtype=bfloat16 generates with a bfloat16 copy of the weights (its logprobs differ
 from the float32 engine's by rounding and stay within bfloat16's error of them) that follows every change of the
-model's weights; with policy.precision=bfloat16 the trainer's engine samples the float32 model itself, a training
+model's weights, and whose attention never runs on cuDNN's backend (per-shape plans); with policy.precision=bfloat16
+the trainer's engine samples a bfloat16 copy on a GPU and the float32 model itself on a CPU, a training
 step keeps the weights, their gradients and AdamW's moments float32 and still moves them, and a resumed run repeats
 the uninterrupted one; the loss forward under autocast runs in bfloat16 (its logprobs differ from float32's by
 rounding, and agree with them to bfloat16's error); a value outside float32/bfloat16 fails at load, naming the
@@ -23,7 +24,7 @@ from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
 from tracerl.io.engine import SamplingParams  # noqa: E402
 from tracerl.train.config import load_config  # noqa: E402
 from tracerl.train.loss import token_logprobs  # noqa: E402
-from tracerl.train.policy import autocast, compute_dtype  # noqa: E402
+from tracerl.train.policy import autocast, compute_dtype, sampling_dtype  # noqa: E402
 
 SAMPLE = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
 
@@ -62,6 +63,23 @@ def test_the_bfloat16_copy_follows_every_change_of_the_trained_weights():
         assert torch.equal(mine, theirs.to(torch.bfloat16))
 
 
+def test_the_engine_keeps_attention_off_cudnn_while_it_generates():
+    model = tiny_qwen3(vocab_size=211, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=6)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(
+        (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled())))
+    TransformersEngine(model, compute_dtype=torch.bfloat16).generate([[1, 2, 3]], SAMPLE, n=2)
+    TransformersEngine(model).generate([[1, 2, 3]], SAMPLE)
+    assert seen and set(seen) == {(False, True)}, "a forward could pick cuDNN's attention (or lost the others)"
+    assert torch.backends.cuda.cudnn_sdp_enabled(), "the engine left the process's attention backends changed"
+
+
+def test_the_trainer_samples_in_bfloat16_on_a_gpu_only():
+    assert sampling_dtype(torch.device("cuda"), "bfloat16") == torch.bfloat16
+    assert sampling_dtype(torch.device("cuda"), "float32") is None
+    assert sampling_dtype(torch.device("cpu"), "bfloat16") is None
+
+
 def test_the_loss_forward_runs_in_bfloat16_with_float32_logits():
     model = tiny_qwen3(vocab_size=211, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=4)
     ids = torch.randint(0, 211, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -94,7 +112,7 @@ def test_a_bfloat16_step_keeps_float32_state_moves_the_weights_and_resumes_exact
 
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
     trainer = Trainer(config)
-    assert trainer.engine.runner is trainer.model, "the trainer's engine samples the float32 model itself"
+    assert trainer.engine.runner is trainer.model, "on a CPU the trainer's engine samples the float32 model itself"
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     first = trainer.train_step()
     assert first["train/num_trained_trees"] > 0 and np.isfinite(first["train/pg_loss"]), first

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import Cache, DynamicLayer
 
 from tracerl.io.engine import Completion, SamplingParams, stream_key, stream_uniforms
@@ -196,6 +197,14 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
+# Every attention backend but cuDNN's. Decoding changes the key length at every step, and cuDNN's attention (which
+# torch picks for bfloat16/float16 on recent GPUs) builds an execution plan per new shape on the host: on an H200 it
+# took 2.0 ms of CPU per call against 11 us on the GPU, and the bfloat16 copy then generated 0.53x float32's tokens/s
+# instead of 1.40x (benchmarks/gpu/README.md). Float32 and CPUs never pick cuDNN, so this changes nothing there.
+_SDPA_BACKENDS = [backend for name, backend in SDPBackend.__members__.items()
+                  if name not in ("ERROR", "CUDNN_ATTENTION")]
+
+
 @contextmanager
 def _eval_mode(model: torch.nn.Module):
     was_training = model.training
@@ -217,8 +226,9 @@ class TransformersEngine:
     - `compute_dtype`: e.g. torch.bfloat16: generate with a copy of the model whose parameters are in that dtype
       (buffers such as the rotary frequencies keep theirs), refreshed from `model` whenever its weights change;
       None = the model itself. Not autocast: in inference mode autocast casts every weight again at every decoding
-      step (a step's rollouts took 2.4x as long as float32's on a GPU, benchmarks/gpu/README.md). Whether the copy
-      samples faster than float32 is not established (its one GPU run, cut off, was not faster).
+      step (a step's rollouts took 2.4x as long as float32's on a GPU, benchmarks/gpu/README.md). On an H200 the
+      bfloat16 copy generated 1.40x float32's tokens/s in the engine alone and the same rate in a training step,
+      with attention kept off cuDNN (`_SDPA_BACKENDS`).
 
     `stats` counts work: `prefill_tokens_computed + prefill_tokens_reused` is the sum of the prefix lengths of all
     samples requested; `generated_tokens`, `forward_passes`, `num_calls`, and the store's size and evictions.
@@ -325,7 +335,7 @@ class TransformersEngine:
         streams = None if keys is None else \
             np.array([stream_key(keys[i], j) for i, c in enumerate(counts) for j in range(c)], dtype=np.uint64)
         results: list[list[Completion]] = [[] for _ in arrays]
-        with torch.inference_mode(), _eval_mode(self.runner):
+        with torch.inference_mode(), _eval_mode(self.runner), sdpa_kernel(_SDPA_BACKENDS):
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start: start + self.max_batch_size]
                 own = None if streams is None else streams[start: start + self.max_batch_size]

@@ -47,7 +47,8 @@ from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differen
 from tracerl.policy.embedded import run_provenance, write_provenance
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
-from tracerl.train.policy import autocast, compute_dtype, load_policy, merged_state_dict, trainable_parameters
+from tracerl.train.policy import (autocast, compute_dtype, load_policy, merged_state_dict, sampling_dtype,
+                                  trainable_parameters)
 
 Say = Callable[[str], None]
 
@@ -100,9 +101,8 @@ class Trainer:
         cfg = self.config.policy
         if cfg.engine == "transformers":
             # the transformers model with the adapters inside its layers, so it samples the adapted policy
-            # float32 whatever policy.precision: on a GPU neither autocast (2.4x slower) nor a bfloat16 copy of the
-            # weights (not faster) sped up sampling in the one measured step (benchmarks/gpu/README.md)
-            return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size)
+            return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size,
+                                      compute_dtype=sampling_dtype(self.device, cfg.precision))
         if cfg.engine == "vllm":  # vLLM in this process, loaded with the trainer's (merged) weights
             from tracerl.engines.vllm_engine import VLLMEngine
 
