@@ -33,7 +33,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tracerl.io.runlog import read_metrics, reached_stop
+from tracerl.io.runlog import finished_run
 from tracerl.report.compare import seed_spans
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
@@ -57,19 +57,9 @@ def format_seeds(seeds: list[int]) -> str:
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether a run reached the stop its saved config set (`run.num_steps`, or `run.total_token_budget` sampled
-    tokens: the trainer's own test) and evaluated its last step."""
-    try:
-        cfg = json.loads((run_dir / "config.json").read_text())["run"]
-        rows = read_metrics(run_dir)
-    except (OSError, ValueError, KeyError):
-        return False
-    train = [r for r in rows if r.get("kind") == "train"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
-    if not train or not evals or train[-1]["step"] != evals[-1]["step"]:
-        return False
-    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), train[-1]["step"],
-                        train[-1].get("rollout/cum_tokens", 0))
+    """Whether a run reached the stop its saved config set and evaluated its last step (`finished_run`; a run
+    without a saved config is not kept)."""
+    return finished_run(run_dir) is True
 
 
 def machine() -> dict[str, str]:

@@ -42,6 +42,31 @@ def reached_stop(num_steps: int, total_token_budget: int, step: int, cum_tokens:
     return step >= num_steps or (total_token_budget > 0 and cum_tokens >= total_token_budget)
 
 
+def finished_run(run_dir: str | Path) -> bool | None:
+    """Whether a run folder holds a finished run: its last training step was evaluated and, by its saved config
+    (`config.json`, tracerl.train.checkpoint.CONFIG_FILE), it reached `run.num_steps` or `run.total_token_budget`
+    sampled tokens (so methods under one token budget may end at different steps). False when its metrics are
+    missing or its last step was not evaluated; None when it has no saved config (the caller decides, e.g. by
+    comparing where runs end)."""
+    try:
+        rows = read_metrics(run_dir)
+    except ValueError:
+        return False
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not train or not evals or train[-1]["step"] != evals[-1]["step"]:
+        return False
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        return None
+    try:
+        cfg = json.loads(path.read_text())["run"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), train[-1]["step"],
+                        train[-1].get("rollout/cum_tokens", 0))
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

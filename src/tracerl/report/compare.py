@@ -53,7 +53,7 @@ from tracerl.core.stats import (
     seed_mean,
     share_to_reach,
 )
-from tracerl.io.runlog import reached_stop, read_metrics, read_trees
+from tracerl.io.runlog import finished_run, read_metrics, read_trees
 
 Say = Callable[[str], None]
 INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
@@ -157,33 +157,16 @@ def complete_seeds(out: Path, labels: list[str], seeds: list[int]) -> tuple[list
     kept, runs = [], {label: [] for label in labels}
     for seed in seeds:
         dirs = [out / run_dir_name(label, seed) for label in labels]
-        if not all((d / "metrics.jsonl").exists() for d in dirs):
+        finished = [finished_run(d) for d in dirs]
+        if False in finished:
             continue
         loaded = [load_run(d) for d in dirs]
-        if not all(run["train"] and run["eval"] and run["train"][-1]["step"] == run["eval"][-1]["step"]
-                   for run in loaded):
-            continue
-        finished = [_finished(d, run) for d, run in zip(dirs, loaded)]
-        if None in finished:
-            if len({run["eval"][-1]["step"] for run in loaded}) != 1:
-                continue
-        elif not all(finished):
+        if None in finished and len({run["eval"][-1]["step"] for run in loaded}) != 1:
             continue
         kept.append(seed)
         for label, run in zip(labels, loaded):
             runs[label].append(run)
     return kept, runs
-
-
-def _finished(run_dir: Path, run: dict[str, Any]) -> bool | None:
-    """Whether a run reached the stop its saved config set (`run.num_steps`, or `run.total_token_budget` sampled
-    tokens); None without a saved config."""
-    path = run_dir / "config.json"  # tracerl.train.checkpoint.CONFIG_FILE, the run's resolved config
-    if not path.exists():
-        return None
-    cfg, last = json.loads(path.read_text()).get("run", {}), run["train"][-1]
-    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), last["step"],
-                        last["rollout/cum_tokens"])
 
 
 def curve(run: dict[str, list[dict]], axis: str) -> tuple[np.ndarray, np.ndarray]:
