@@ -18,7 +18,8 @@
 # results/preregistered-headroom/README.md). A pending seed is trained from step 0, never resumed: run folders of it
 # left by a stopped lane are moved to FROZEN/<runs>/.stopped/ first. Seeds go to lanes round-robin, so no two
 # processes ever train one run; a lock on FROZEN's runs folder refuses a second invocation while one runs; a design
-# already read (primary.md in its results folder) is refused. --dry-run restores nothing and trains nothing: it
+# already read (primary.md in its results folder) is refused. A seed that fails to train (or to be kept) is reported
+# and stays pending while its lane goes on; the script then exits 1, naming the seeds still pending. --dry-run restores nothing and trains nothing: it
 # prints each lane's seeds. The build goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look
 # for it. This script's Python (run_records.py) is the active environment's with this tree's package; FROZEN's runs
 # use FROZEN/src.
@@ -78,18 +79,29 @@ mkdir -p "$runs" "$cache"
 exec 9> "$runs/.continue.lock"
 flock -n 9 || { echo "another continue_preregistered.sh is training $runs; not starting a second" >&2; exit 1; }
 keep restore "$records" "$runs" --cache "$cache"
+lane_pids=()
 for ((lane = 0; lane < lanes; lane++)); do
-  (
+  (  # a seed that fails to train or to keep is reported and left pending; the lane goes on to its next seed
+    failed=0
     for seed in ${plan[lane]}; do
       # a pending seed's run folders here were stopped part-way: set aside, so the seed trains from step 0
       for dir in "$runs"/*-seed"$seed"; do
         [ -d "$dir" ] && mkdir -p "$runs/.stopped" && mv "$dir" "$runs/.stopped/${dir##*/}.$(date +%Y%m%d%H%M%S)"
       done
-      (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
-        >> "$runs/lane-$lane.log" 2>&1
-      keep save "$runs" "$records"
+      if ! (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
+        >> "$runs/lane-$lane.log" 2>&1; then
+        echo "continue_preregistered: seed $seed failed to train (lane-$lane.log); it stays pending" >&2
+        failed=1
+      fi
+      keep save "$runs" "$records" || { echo "continue_preregistered: keeping after seed $seed failed" >&2; failed=1; }
     done
+    exit $failed
   ) &
+  lane_pids+=($!)
 done
-wait
-echo "continue_preregistered: lanes done; $(ls "$records" | grep -c -- '-seed') runs kept in $records"
+status=0
+for pid in "${lane_pids[@]}"; do wait "$pid" || status=1; done
+left=$(keep pending "$records" --seeds "$seeds")
+echo "continue_preregistered: lanes done; $(ls "$records" | grep -c -- '-seed') runs kept in $records; seeds" \
+  "still pending: ${left:-none}"
+exit $status

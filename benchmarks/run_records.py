@@ -14,7 +14,8 @@ and a hash of its flags). With the first seed it also keeps the build the runs s
 local build their `provenance.json` names; the embedded policy's cache folder, about 2 MB), so a later machine
 starts from the same weights instead of rebuilding (a build is bit-identical across thread counts on one machine,
 not across machines); a seed whose runs start from other weights than those kept is refused. Records already kept
-are never overwritten.
+are never overwritten. Saves into one records folder take turns (a lock on the folder), so lanes that finish seeds
+at the same moment each keep theirs once.
 
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
@@ -25,8 +26,10 @@ on its seed would train it again from step 0.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
 import platform
 import re
 import shutil
@@ -102,8 +105,17 @@ def save(runs: Path, records: Path, labels: list[str], policy: Path | None = Non
     """Keep every finished seed of `runs` not yet in `records`, and the build its runs started from when none is kept
     yet (`policy`, else the local build their provenance names); return the seeds kept now. A seed whose runs start
     from other weights than the runs already kept is refused, naming both."""
-    saved = []
     records.mkdir(parents=True, exist_ok=True)
+    folder = os.open(records, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # one save at a time; the kernel drops it if this process dies
+        return _save(runs, records, labels, policy)
+    finally:
+        os.close(folder)
+
+
+def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> list[int]:
+    saved = []
     kept_weights = {starting_weights(d)[0] for d in records.iterdir() if RUN_NAME.match(d.name)} - {None}
     for seed, dirs in sorted(seeds_in(runs, labels).items()):
         if set(dirs) != set(labels) or not all(finished(d) for d in dirs.values()):

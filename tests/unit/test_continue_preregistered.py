@@ -23,6 +23,7 @@ FAKE_TRAINER = """#!/usr/bin/env bash
 set -euo pipefail
 seed=${2%-*}
 echo "$seed" >> runs/preregistered/$1/trained.txt
+[ "${FAIL_SEED:-}" = "$seed" ] && { echo "seed $seed crashed" >&2; exit 1; }
 python3 - "$1" "$seed" <<'PY'
 import json, sys
 from pathlib import Path
@@ -66,9 +67,9 @@ def trees(tmp_path):
     return here, frozen
 
 
-def run(here: Path, *args: str) -> subprocess.CompletedProcess:
+def run(here: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "TRACERL_CACHE": str(here.parent / "cache")}
+           "TRACERL_CACHE": str(here.parent / "cache"), **extra_env}
     return subprocess.run(["bash", str(here / SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -128,3 +129,17 @@ def test_a_frozen_tree_at_another_commit_is_refused(trees):
     git(frozen, "add", "-A")
     git(frozen, "commit", "-qm", "later")
     assert "git worktree add" in run(here, "headroom", str(frozen), "--dry-run").stderr
+
+
+def test_a_seed_that_fails_to_train_is_reported_and_its_lane_goes_on(trees):
+    here, frozen = trees
+    records = here / "benchmarks/results/preregistered-default/runs"
+    for seed in range(26):
+        for label in LABELS:
+            make_run(records, label, seed)
+    done = run(here, "default", str(frozen), "1", FAIL_SEED="27")
+    assert done.returncode == 1
+    assert "seed 27 failed to train" in done.stderr and "still pending: 27-27" in done.stdout
+    assert (frozen / "runs/preregistered/default/trained.txt").read_text().split() == ["26", "27", "28", "29"]
+    assert {p.name for p in records.iterdir() if p.name.endswith(("seed28", "seed29"))} == {
+        f"{label}-seed{seed}" for seed in (28, 29) for label in LABELS}

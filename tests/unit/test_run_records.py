@@ -143,3 +143,27 @@ def test_a_seed_from_other_weights_is_refused(module, tmp_path):
     with pytest.raises(ValueError, match="seed 1's runs start from weights.*kept build"):
         module.save(runs, records, LABELS)
     assert module.pending(records, [0, 1], LABELS) == [1]  # seed 0 was kept before the refusal
+
+
+def test_saves_that_run_at_once_each_keep_every_seed_once(tmp_path):
+    """Lanes finish seeds at about the same moment and each calls `save`: the saves take turns, none fails, and each
+    seed is kept whole, once."""
+    import subprocess
+    import sys
+
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    for seed in range(12):
+        for label in LABELS:
+            make_run(runs, label, seed)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run_records.py"
+    saves = [subprocess.Popen([sys.executable, str(script), "save", str(runs), str(records)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outcomes = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read()) for p in saves]
+    assert all(code == 0 for code, _, _ in outcomes), outcomes
+    kept = [line.split("kept seeds ")[1].split(" in ")[0] for _, out, _ in outcomes for line in out.splitlines()]
+    assert sorted(s for s in kept if s != "none") == ["0-11"], kept  # one save kept them all, the others none
+    assert sorted(p.name for p in records.iterdir() if not p.name.startswith(".")) == sorted(
+        f"{label}-seed{seed}" for seed in range(12) for label in LABELS)
+    for seed in range(12):
+        assert (records / f"trace-seed{seed}" / "metrics.jsonl").read_bytes() == \
+            (runs / f"trace-seed{seed}" / "metrics.jsonl").read_bytes()
