@@ -437,3 +437,12 @@ def test_built_in_estimators_are_registered():
 def test_bad_config_raises_with_the_fix(kwargs, fix):
     with pytest.raises(ValueError, match=fix):
         AdvantageConfig(**kwargs)
+
+
+def test_a_spread_below_float_resolution_is_no_contrast_even_without_eps():
+    # rewards one ulp apart near 1e-300: their std underflows to 0, which eps=0 would divide by
+    tiny = star_tree([1e-300, float(np.nextafter(1e-300, 1.0))])
+    with np.errstate(divide="raise", invalid="raise"):
+        for name in ("grpo", "trace", "tree_grpo", "treepo"):
+            (adv,) = compute_advantages(name, [tiny], AdvantageConfig(eps=0.0))
+            assert all(np.array_equal(v, np.zeros_like(v)) for v in adv.values), (name, adv.values)

@@ -121,8 +121,9 @@ def _std(x: np.ndarray, ddof: int) -> float:
 
 def _no_contrast(rewards: np.ndarray) -> bool:
     # Checked exactly rather than left to the formula: with std ~ 0 the eps division would turn a
-    # rounding error in (r - mean) into an advantage of ~1e-10 instead of 0.
-    return rewards.size < 2 or bool(np.ptp(rewards) == 0)
+    # rounding error in (r - mean) into an advantage of ~1e-10 instead of 0. A spread too small for its square to be
+    # a float (rewards ~1e-300 one ulp apart) has std 0: no contrast either, or eps=0 would divide by zero.
+    return rewards.size < 2 or bool(np.ptp(rewards) == 0) or float(np.std(rewards)) == 0.0
 
 
 def _group_advantages(rewards: np.ndarray, mean: float, config: AdvantageConfig) -> np.ndarray:
