@@ -7,7 +7,8 @@
 # H100, and the engine's workload is sized to ~25 s), so one that stalls still leaves the others' figures. STAGES
 # ("train engine") picks the stages and their order, PRECISIONS ("bfloat16 float32") the precisions in each; JSON
 # results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt. STAGES may also name profile: the engine
-# on a small workload under torch.profiler, to tell launch overhead from compute. Every stage needs the math
+# on a small workload under torch.profiler, to tell launch overhead from compute; stepprofile: one training step
+# under cProfile, where a host-bound step's seconds go. Every stage needs the math
 # domain's packages (the smoke tokenizer is trained on its questions): give WHEELS on a machine without them.
 #
 #   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
@@ -54,11 +55,20 @@ STEP=(--set data.max_turns=4 --set data.max_tokens_per_turn=128 --set data.max_t
 for kv in ${STEP_SET:-}; do STEP+=(--set "$kv"); done  # e.g. a dry run's smaller step
 STAGES=${STAGES:-train engine}
 PRECISIONS=${PRECISIONS:-bfloat16 float32}
-train_stage() {  # one precision
-    echo "== train step, policy.precision=$1"
+train_stage() {  # one precision; more arguments go to train_step_math.py
+    local precision=$1; shift
+    echo "== train step, policy.precision=$precision $*"
     timeout ${STEP_TIMEOUT:-200} python3 benchmarks/gpu/train_step_math.py --model "$MODEL" --device "$DEVICE" --json "${STEP[@]}" \
-        --set policy.precision=$1 > "$OUT/train-$1.json" || echo "cuda_check: train step $1 failed"
-    show train_step_math "$OUT/train-$1.json"
+        --set policy.precision=$precision "$@" > "$OUT/train-$precision$suffix.json" \
+        || echo "cuda_check: train step $precision failed"
+    show train_step_math "$OUT/train-$precision$suffix.json"
+}
+suffix=""
+# The step under cProfile: where its host time goes, function by function, to $OUT/step-host-profile-<precision>.txt
+# (the step's own figures, slowed by cProfile, to train-<precision>-host-profiled.json).
+stepprofile_stage() {  # one precision
+    suffix=-host-profiled train_stage "$1" --host-profile "$OUT/step-host-profile-$1.txt"
+    head -n 30 "$OUT/step-host-profile-$1.txt" 2>/dev/null
 }
 # engine_throughput.py on the engine sized as the trainer builds it (64 rows a forward, a 65,536-token KV store:
 # engine_throughput's own defaults, 128 rows and 131,072 tokens, ran out of an H100's 80 GB in float32), float32
@@ -88,8 +98,8 @@ profile_stage() {  # one precision
 }
 for stage in $STAGES; do
     case $stage in
-        train|engine|profile) for precision in $PRECISIONS; do "${stage}_stage" "$precision"; done ;;
-        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine and profile)"; exit 2 ;;
+        train|engine|profile|stepprofile) for precision in $PRECISIONS; do "${stage}_stage" "$precision"; done ;;
+        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine, profile and stepprofile)"; exit 2 ;;
     esac
 done
 echo "== done"

@@ -33,7 +33,6 @@ first.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 
 from gpu_bench_common import (add_random_model_arg, check_device, device_name, model_dir_for, model_label,
-                              quiet_transformers, software_versions)
+                              profiled, quiet_transformers, software_versions)
 
 PREFERRED_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 GENERATION_COUNTER = "vllm:generation_tokens_total"  # a cross-check: the server's count of the tokens it generated
@@ -166,23 +165,6 @@ def token_range(model_dir: str) -> int:
         return min(vocab, len(AutoTokenizer.from_pretrained(model_dir)))
     except (OSError, ValueError):  # a directory with weights only
         return vocab
-
-
-@contextlib.contextmanager
-def profiled(path: str | None, cuda: bool):
-    """torch.profiler around the block when `path` is given; its operator tables go to `path`."""
-    if not path:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        yield
-    table = prof.key_averages()
-    by_device = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    Path(path).write_text(f"sorted by {by_device}\n{table.table(sort_by=by_device, row_limit=30)}\n\n"
-                          f"sorted by cpu_time_total\n{table.table(sort_by='cpu_time_total', row_limit=30)}\n")
 
 
 def kv_bytes_per_token(config, dtype) -> int:

@@ -8,6 +8,7 @@ anything is. Nothing here downloads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
@@ -148,3 +149,45 @@ if __name__ == "__main__":  # save the tiny smoke model, e.g. to serve it with `
     if len(sys.argv) != 2:
         raise SystemExit("usage: python benchmarks/gpu/gpu_bench_common.py DIR  (saves the tiny random Qwen3 there)")
     print(build_tiny_model_dir(sys.argv[1]))
+
+
+@contextlib.contextmanager
+def profiled(path: str | None, cuda: bool):
+    """torch.profiler around the block when `path` is given; its operator tables go to `path`."""
+    if not path:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    table = prof.key_averages()
+    by_device = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    Path(path).write_text(f"sorted by {by_device}\n{table.table(sort_by=by_device, row_limit=30)}\n\n"
+                          f"sorted by cpu_time_total\n{table.table(sort_by='cpu_time_total', row_limit=30)}\n")
+
+
+@contextlib.contextmanager
+def host_profiled(path: str | None, rows: int = 40):
+    """cProfile around the block when `path` is given: the Python functions by their own time and by cumulative
+    time go to `path`. For a host-bound phase (decoding launches one small kernel at a time) this says where the
+    host's seconds go: the model's forward, the engine's key/value bookkeeping, the driver, tokenizing, the tool."""
+    if not path:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        out = io.StringIO()
+        for order in ("tottime", "cumulative"):
+            out.write(f"sorted by {order}\n")
+            pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(rows)
+        Path(path).write_text(out.getvalue())

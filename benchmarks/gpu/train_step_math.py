@@ -14,6 +14,10 @@ tokens, the engine's generated tokens/s over the rollout phase and its KV-reuse 
 Device: `--device cuda` sets `policy.device=cuda`. The script reports the device the model's parameters actually
 sit on, so a CPU figure is never labelled as a GPU one (and says so if an older `PolicyConfig` lacks `device`).
 
+`--host-profile FILE` runs the step under cProfile and writes where its host time went, function by function: on a
+GPU the transformers engine is host-bound (`benchmarks/gpu/README.md`), so this is the profile that explains a
+step's rollout seconds.
+
 What it does not do: held-out evaluation (`tracerl train` evaluates before and after training, which would dwarf
 one step), more than one step, or any quality measure (one step of a random or barely trained model).
 
@@ -31,8 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_bench_common import (add_random_model_arg, check_device, device_name, model_dir_for, model_label,
-                              quiet_transformers, software_versions)
+from gpu_bench_common import (add_random_model_arg, check_device, device_name, host_profiled, model_dir_for,
+                              model_label, quiet_transformers, software_versions)
 
 MATH_PRESET = Path(__file__).resolve().parents[2] / "configs" / "math.toml"
 # A step the tiny random model finishes in seconds; a real model runs the preset as it is. The KL term makes the
@@ -56,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="run directory to keep (default: a temporary one, removed afterwards)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (run.num_threads; 0: torch's default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown table")
+    p.add_argument("--host-profile", metavar="FILE",
+                   help="run the step under cProfile and write its Python functions by own and cumulative time to "
+                        "FILE (where a host-bound step's seconds go; the phases' times then include cProfile's "
+                        "overhead)")
     return p.parse_args(argv)
 
 
@@ -113,7 +121,8 @@ def run(args: argparse.Namespace) -> dict:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             engine_before = dict(getattr(trainer.engine, "stats", {}))
-            row = trainer.train_step()
+            with host_profiled(args.host_profile):
+                row = trainer.train_step()
             peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
             engine = {k: v - engine_before.get(k, 0) for k, v in getattr(trainer.engine, "stats", {}).items()
                       if isinstance(v, int)}

@@ -124,8 +124,9 @@ def test_prefix_cache_counters_fall_back_to_other_names(scripts):
     assert mod.prefix_cache_counters({"sglang:cache_hit_rate": 0.4}) is None
 
 
-def test_train_step_math_smoke(scripts, capsys):
-    result = scripts["train_step_math"].main(["--device", "cpu", "--threads", "1"])
+def test_train_step_math_smoke(scripts, capsys, tmp_path):
+    profile = tmp_path / "host-profile.txt"  # the step under cProfile: where its host time goes
+    result = scripts["train_step_math"].main(["--device", "cpu", "--threads", "1", "--host-profile", str(profile)])
     s, t = result["seconds"], result["tokens"]
     assert result["model_device"] == "cpu" and result["config"]["method"] == "trace"
     assert t["num_rollouts"] >= 2 and t["generated_tokens"] > 0
@@ -134,6 +135,9 @@ def test_train_step_math_smoke(scripts, capsys):
     assert s["step"] >= s["rollout"] + s["train"] > 0 and s["other"] >= -1e-6
     assert result["peak_gpu_memory_gib"] is None
     assert "| whole step |" in capsys.readouterr().out
+    text = profile.read_text()
+    assert "sorted by tottime" in text and "sorted by cumulative" in text
+    assert "train_step" in text and "_generate_rows" in text  # the step and the engine's decoding, by name
 
 
 def test_train_step_math_sets_the_device_only_where_the_config_has_it(scripts, monkeypatch):

@@ -87,16 +87,22 @@ def test_a_dry_run_splits_the_pending_seeds_over_lanes(trees):
     assert not (frozen / "runs").exists()  # a dry run trains and restores nothing
 
 
+def keep_default_seeds(here: Path, count: int) -> Path:
+    """Records of the default design's seeds 0..count-1, as if kept already; returns the records folder."""
+    records = here / "benchmarks/results/preregistered-default/runs"
+    for seed in range(count):
+        for label in LABELS:
+            make_run(records, label, seed)
+    return records
+
+
 def module_finished(run_dir: Path) -> bool:
     return load_benchmark_script("run_records").finished(run_dir)
 
 
 def test_every_pending_seed_is_trained_once_and_kept(trees):
     here, frozen = trees
-    records = here / "benchmarks/results/preregistered-default/runs"
-    for seed in range(27):
-        for label in LABELS:
-            make_run(records, label, seed)
+    records = keep_default_seeds(here, 27)
     stopped = make_run(frozen / "runs/preregistered/default", "grpo", 28, done=1)  # a lane stopped part-way
     done = run(here, "default", str(frozen), "2")
     assert done.returncode == 0, done.stderr
@@ -133,10 +139,7 @@ def test_a_frozen_tree_at_another_commit_is_refused(trees):
 
 def test_a_seed_that_fails_to_train_is_reported_and_its_lane_goes_on(trees):
     here, frozen = trees
-    records = here / "benchmarks/results/preregistered-default/runs"
-    for seed in range(26):
-        for label in LABELS:
-            make_run(records, label, seed)
+    records = keep_default_seeds(here, 26)
     done = run(here, "default", str(frozen), "1", FAIL_SEED="27")
     assert done.returncode == 1
     assert "seed 27 failed to train" in done.stderr and "still pending: 27-27" in done.stdout
