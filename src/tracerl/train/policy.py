@@ -83,9 +83,9 @@ def compute_dtype(precision: str) -> torch.dtype | None:
 
 def sampling_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     """The dtype the trainer's transformers engine samples in: policy.precision's on a GPU (on an H200 a bfloat16 copy
-    of the weights sampled a step's rollouts at float32's rate and lowered its peak memory to 0.71x,
-    benchmarks/gpu/README.md);
-    None (the float32 model itself) on a CPU, where bfloat16 matrix products need instructions many CPUs lack."""
+    of the weights sampled a step's rollouts at float32's rate and the step peaked at 0.71x float32's memory,
+    benchmarks/gpu/README.md); None (the float32 model itself) on a CPU, where bfloat16 matrix products need
+    instructions many CPUs lack."""
     return compute_dtype(precision) if device.type == "cuda" else None
 
 
