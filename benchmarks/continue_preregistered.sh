@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Continue a pre-registered design's runs on this machine from the records kept in this repository
-# (benchmarks/preregistration.md, amendment 9): put the kept runs and build back into FROZEN (a checkout of the commit
-# the design's runs train from, refused if its HEAD is another), then train the seeds not yet kept, LANES processes
-# at a time, each lane one seed at a time with FROZEN's own script, keeping every seed in
+# (benchmarks/preregistration.md, amendments 9 and 10): put the kept runs and build back into FROZEN (a checkout of
+# the commit the design's runs train from, refused if its HEAD is another), then train the seeds not yet kept, LANES
+# processes at a time, each lane one seed at a time with FROZEN's own script, keeping every seed in
 # benchmarks/results/<results>/runs/ as soon as its three runs finish (and the build they started from, with the
-# first). Each lane logs to FROZEN/<runs>/lane-<n>.log.
+# first). Each seed logs to FROZEN/<runs>/logs/seed-<n>.log.
 #
-#   benchmarks/continue_preregistered.sh DESIGN FROZEN [LANES] [--dry-run]
+#   benchmarks/continue_preregistered.sh DESIGN FROZEN [LANES] [--until TIME] [--dry-run]
 #
 #   design      seeds    FROZEN at  trains with (FROZEN's)                                  kept in results/
 #   default     0-29     caeaa86    preregistered.sh default                                preregistered-default
@@ -15,19 +15,31 @@
 #   math-pilot  100-105  f46d1cc    domains_equal_tokens.sh math                            domain-math-equal-tokens
 #
 # (the multihop testbeds' FROZEN also carries amendment 1's engine change, uncommitted: see
-# results/preregistered-headroom/README.md). A pending seed is trained from step 0, never resumed: run folders of it
-# left by a stopped lane are moved to FROZEN/<runs>/.stopped/ first. Seeds go to lanes round-robin, so no two
-# processes ever train one run; a lock on FROZEN's runs folder refuses a second invocation while one runs; a design
+# results/preregistered-headroom/README.md). A lane takes the pending seeds in order, each the first that no lane
+# holds: a seed is held by a lock file (FROZEN/<runs>/.seed-<n>.lock) while it trains, so no two processes ever train
+# one run, whether they are lanes of one invocation or of several (several may run at once, e.g. one lane of each of
+# two designs, or a second invocation started when a core frees up); the kernel drops the lock when its lane's
+# processes end. A pending seed is trained from step 0, never resumed: run folders of it left by a stopped lane are
+# moved to FROZEN/<runs>/.stopped/ first. --until TIME (anything `date -d` reads, e.g. 04:10) stops each lane from
+# starting a seed at or after TIME; the seeds it did not start stay pending, and the exit status is 0. A design
 # already read (primary.md in its results folder) is refused. A seed that fails to train (or to be kept) is reported
-# and stays pending while its lane goes on; the script then exits 1, naming the seeds still pending. --dry-run restores nothing and trains nothing: it
-# prints each lane's seeds. The build goes to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look
-# for it. This script's Python (run_records.py) is the active environment's with this tree's package; FROZEN's runs
-# use FROZEN/src.
+# and stays pending while its lane goes on; the script then exits 1, naming the seeds still pending. --dry-run
+# restores nothing and trains nothing: it prints the pending seeds. The build goes to $TRACERL_CACHE (default
+# ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python (run_records.py) is the active
+# environment's with this tree's package; FROZEN's runs use FROZEN/src.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 args=()
 dry=false
-for arg in "$@"; do if [ "$arg" = --dry-run ]; then dry=true; else args+=("$arg"); fi; done
+until_text=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=true ;;
+    --until) until_text=${2:?"--until needs a time, e.g. --until 04:10"}; shift ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
 design=${args[0]:?"name a design: default, headroom, funcall or math-pilot"}
 frozen=$(cd "${args[1]:?"name the frozen tree (a checkout of the commit the runs train from)"}" && pwd)
 lanes=${args[2]:-2}
@@ -42,6 +54,12 @@ case "$design" in  # the seed counts and trees of preregistration.md (amendments
   *) echo "unknown design $design: use default, headroom, funcall or math-pilot" >&2; exit 2 ;;
 esac
 case "$lanes" in ''|*[!0-9]*|0) echo "LANES must be a positive number, not '$lanes'" >&2; exit 2 ;; esac
+deadline=""
+if [ -n "$until_text" ]; then
+  deadline=$(date -d "$until_text" +%s 2>/dev/null) ||
+    { echo "--until '$until_text' is not a time date -d reads: give e.g. 04:10 or '2026-11-27 04:10'" >&2; exit 2; }
+  until_text=$(date -d "@$deadline" '+%Y-%m-%d %H:%M')
+fi
 if [ -e "$here/benchmarks/results/$results/primary.md" ]; then
   echo "$design has been read (benchmarks/results/$results/primary.md): its runs are not trained again" >&2
   exit 1
@@ -66,42 +84,49 @@ if [ ${#expanded[@]} = 0 ]; then
   echo "continue_preregistered: every planned seed of $design is kept in $records"
   exit 0
 fi
-plan=()
-for ((lane = 0; lane < lanes; lane++)); do
-  mine=()
-  for ((i = lane; i < ${#expanded[@]}; i += lanes)); do mine+=("${expanded[i]}"); done
-  plan+=("${mine[*]}")
-  echo "continue_preregistered: lane $lane trains seeds ${mine[*]:-none} (progress: $runs/lane-$lane.log)"
-done
+echo "continue_preregistered: $lanes lane(s) train the pending seeds of $design in order, each the first no lane" \
+  "holds: ${expanded[*]}${deadline:+ (no seed started at or after $until_text)} (logs: $runs/logs/)"
 $dry && exit 0
 
-mkdir -p "$runs" "$cache"
-exec 9> "$runs/.continue.lock"
-flock -n 9 || { echo "another continue_preregistered.sh is training $runs; not starting a second" >&2; exit 1; }
-keep restore "$records" "$runs" --cache "$cache"
+mkdir -p "$runs/logs" "$cache"
+[ -d "$records" ] && keep restore "$records" "$runs" --cache "$cache"
+
+train_lane() {  # LANE: the pending seeds no lane holds, one at a time; 1 when one failed to train or to be kept
+  local failed=0 seed lock
+  for seed in "${expanded[@]}"; do
+    if [ -n "$deadline" ] && [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "continue_preregistered: lane $1 reached $until_text; it starts no more seeds"
+      break
+    fi
+    exec {lock}> "$runs/.seed-$seed.lock"
+    if ! flock -n "$lock" || [ -z "$(keep pending "$records" --seeds "$seed-$seed")" ]; then
+      exec {lock}>&-  # another lane trains it, or has kept it since this lane started
+      continue
+    fi
+    # a pending seed's run folders here were stopped part-way: set aside, so the seed trains from step 0
+    for dir in "$runs"/*-seed"$seed"; do
+      [ -d "$dir" ] && mkdir -p "$runs/.stopped" && mv "$dir" "$runs/.stopped/${dir##*/}.$(date +%Y%m%d%H%M%S)"
+    done
+    echo "continue_preregistered: lane $1 trains seed $seed (log: $runs/logs/seed-$seed.log)"
+    if ! (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
+      >> "$runs/logs/seed-$seed.log" 2>&1; then
+      echo "continue_preregistered: seed $seed failed to train (logs/seed-$seed.log); it stays pending" >&2
+      failed=1
+    fi
+    keep save "$runs" "$records" || { echo "continue_preregistered: keeping after seed $seed failed" >&2; failed=1; }
+    exec {lock}>&-
+  done
+  return $failed
+}
+
 lane_pids=()
 for ((lane = 0; lane < lanes; lane++)); do
-  (  # a seed that fails to train or to keep is reported and left pending; the lane goes on to its next seed
-    failed=0
-    for seed in ${plan[lane]}; do
-      # a pending seed's run folders here were stopped part-way: set aside, so the seed trains from step 0
-      for dir in "$runs"/*-seed"$seed"; do
-        [ -d "$dir" ] && mkdir -p "$runs/.stopped" && mv "$dir" "$runs/.stopped/${dir##*/}.$(date +%Y%m%d%H%M%S)"
-      done
-      if ! (cd "$frozen" && PYTHONPATH="$frozen/src" TRACERL_CACHE="$cache" "${train[@]}" "$seed-$seed" "${extra[@]}") \
-        >> "$runs/lane-$lane.log" 2>&1; then
-        echo "continue_preregistered: seed $seed failed to train (lane-$lane.log); it stays pending" >&2
-        failed=1
-      fi
-      keep save "$runs" "$records" || { echo "continue_preregistered: keeping after seed $seed failed" >&2; failed=1; }
-    done
-    exit $failed
-  ) &
+  train_lane "$lane" &
   lane_pids+=($!)
 done
 status=0
 for pid in "${lane_pids[@]}"; do wait "$pid" || status=1; done
 left=$(keep pending "$records" --seeds "$seeds")
-echo "continue_preregistered: lanes done; $(ls "$records" | grep -c -- '-seed') runs kept in $records; seeds" \
-  "still pending: ${left:-none}"
+echo "continue_preregistered: lanes done; $(ls "$records" 2>/dev/null | grep -c -- '-seed') runs kept in $records;" \
+  "seeds still pending: ${left:-none}"
 exit $status

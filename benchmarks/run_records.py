@@ -14,8 +14,8 @@ and a hash of its flags). With the first seed it also keeps the build the runs s
 local build their `provenance.json` names; the embedded policy's cache folder, about 2 MB), so a later machine
 starts from the same weights instead of rebuilding (a build is bit-identical across thread counts on one machine,
 not across machines); a seed whose runs start from other weights than those kept is refused. Records already kept
-are never overwritten. Saves into one records folder take turns (a lock on the folder), so lanes that finish seeds
-at the same moment each keep theirs once.
+are never overwritten. Saves and restores of one records folder take turns (a lock on the folder), so lanes that
+finish seeds at the same moment each keep theirs once, and a lane starting beside others restores whole runs.
 
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
@@ -26,6 +26,7 @@ on its seed would train it again from step 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -34,6 +35,7 @@ import platform
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tracerl.io.runlog import finished_run
@@ -106,10 +108,18 @@ def save(runs: Path, records: Path, labels: list[str], policy: Path | None = Non
     yet (`policy`, else the local build their provenance names); return the seeds kept now. A seed whose runs start
     from other weights than the runs already kept is refused, naming both."""
     records.mkdir(parents=True, exist_ok=True)
+    with _turn(records):
+        return _save(runs, records, labels, policy)
+
+
+@contextlib.contextmanager
+def _turn(records: Path) -> Iterator[None]:
+    """Hold the records folder's lock: saves and restores into or from one folder take turns, whichever process
+    (or lane) runs them; the kernel drops the lock if its process dies."""
     folder = os.open(records, os.O_RDONLY)
     try:
-        fcntl.flock(folder, fcntl.LOCK_EX)  # one save at a time; the kernel drops it if this process dies
-        return _save(runs, records, labels, policy)
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(folder)
 
@@ -150,6 +160,11 @@ def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> 
 
 def restore(records: Path, runs: Path, cache: Path | None = None) -> list[str]:
     """Copy kept runs back into `runs` (and the kept build into `cache`); return the run names restored."""
+    with _turn(records):
+        return _restore(records, runs, cache)
+
+
+def _restore(records: Path, runs: Path, cache: Path | None) -> list[str]:
     restored = []
     for kept in sorted(p for p in records.iterdir() if p.is_dir() and RUN_NAME.match(p.name)):
         target = runs / kept.name

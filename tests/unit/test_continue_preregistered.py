@@ -1,5 +1,6 @@
-"""benchmarks/continue_preregistered.sh: the seeds not yet kept, split over lanes so that no run is trained twice,
-each seed kept as soon as it finishes; a testbed already read is never trained again."""
+"""benchmarks/continue_preregistered.sh: the seeds not yet kept, taken by lanes (of one invocation or of several)
+so that no run is trained twice, each seed kept as soon as it finishes; a deadline after which no seed starts; a
+testbed already read is never trained again."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ FAKE_TRAINER = """#!/usr/bin/env bash
 set -euo pipefail
 seed=${2%-*}
 echo "$seed" >> runs/preregistered/$1/trained.txt
+sleep "${SLEEP:-0}"
 [ "${FAIL_SEED:-}" = "$seed" ] && { echo "seed $seed crashed" >&2; exit 1; }
 python3 - "$1" "$seed" <<'PY'
 import json, sys
@@ -73,7 +75,7 @@ def run(here: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess
     return subprocess.run(["bash", str(here / SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_a_dry_run_splits_the_pending_seeds_over_lanes(trees):
+def test_a_dry_run_lists_the_pending_seeds(trees):
     here, frozen = trees
     records = here / "benchmarks/results/preregistered-headroom/runs"
     for seed in (0, 2, 3):
@@ -81,9 +83,8 @@ def test_a_dry_run_splits_the_pending_seeds_over_lanes(trees):
             make_run(records, label, seed)
     done = run(here, "headroom", str(frozen), "3", "--dry-run")
     assert done.returncode == 0, done.stderr
-    lanes = [line.split("seeds ")[1].split(" (")[0] for line in done.stdout.splitlines() if "lane" in line]
-    assert lanes == ["1 6 9 12 15 18 21 24 27 30 33 36 39", "4 7 10 13 16 19 22 25 28 31 34 37 40",
-                     "5 8 11 14 17 20 23 26 29 32 35 38"]
+    listed = done.stdout.split("holds: ")[1].split(" (logs")[0].split()
+    assert listed == ["1"] + [str(s) for s in range(4, 41)]
     assert not (frozen / "runs").exists()  # a dry run trains and restores nothing
 
 
@@ -144,5 +145,34 @@ def test_a_seed_that_fails_to_train_is_reported_and_its_lane_goes_on(trees):
     assert done.returncode == 1
     assert "seed 27 failed to train" in done.stderr and "still pending: 27-27" in done.stdout
     assert (frozen / "runs/preregistered/default/trained.txt").read_text().split() == ["26", "27", "28", "29"]
+    assert "seed 27 crashed" in (frozen / "runs/preregistered/default/logs/seed-27.log").read_text()
     assert {p.name for p in records.iterdir() if p.name.endswith(("seed28", "seed29"))} == {
         f"{label}-seed{seed}" for seed in (28, 29) for label in LABELS}
+
+
+def test_invocations_side_by_side_train_each_seed_once(trees):
+    """Two invocations of two lanes each, started together (as when a second is started when cores free up): every
+    pending seed trains exactly once, and every one is kept."""
+    here, frozen = trees
+    records = keep_default_seeds(here, 22)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "TRACERL_CACHE": str(here.parent / "cache"), "SLEEP": "0.5"}
+    both = [subprocess.Popen(["bash", str(here / SCRIPT), "default", str(frozen), "2"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in both:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    trained = (frozen / "runs/preregistered/default/trained.txt").read_text().split()
+    assert sorted(trained, key=int) == [str(s) for s in range(22, 30)]
+    assert load_benchmark_script("run_records").pending(records, list(range(30)), list(LABELS)) == []
+
+
+def test_no_seed_starts_after_the_deadline(trees):
+    here, frozen = trees
+    keep_default_seeds(here, 26)
+    done = run(here, "default", str(frozen), "2", "--until", "1 minute ago")
+    assert done.returncode == 0, done.stderr
+    assert "starts no more seeds" in done.stdout and "still pending: 26-29" in done.stdout
+    assert not (frozen / "runs/preregistered/default/trained.txt").exists()
+    bad = run(here, "default", str(frozen), "--until", "teatime-ish")
+    assert bad.returncode == 2 and "not a time" in bad.stderr
