@@ -4,6 +4,7 @@ testbed already read is never trained again."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -85,7 +86,20 @@ def test_a_dry_run_lists_the_pending_seeds(trees):
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split("holds: ")[1].split(" (logs")[0].split()
     assert listed == ["1"] + [str(s) for s in range(4, 41)]
+    assert "training now: none" in done.stdout
     assert not (frozen / "runs").exists()  # a dry run trains and restores nothing
+
+
+def test_a_dry_run_names_the_seeds_a_lane_holds(trees):
+    here, frozen = trees
+    runs = frozen / "runs/preregistered/headroom"
+    runs.mkdir(parents=True)
+    (runs / ".seed-6.lock").touch()  # a lock file left by a lane that has finished: not held
+    with open(runs / ".seed-5.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = run(here, "headroom", str(frozen), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "training now: 5\n" in done.stdout
 
 
 def keep_default_seeds(here: Path, count: int) -> Path:
