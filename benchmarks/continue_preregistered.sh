@@ -24,9 +24,10 @@
 # starting a seed at or after TIME; the seeds it did not start stay pending, and the exit status is 0. A design
 # already read (primary.md in its results folder) is refused. A seed that fails to train (or to be kept) is reported
 # and stays pending while its lane goes on; the script then exits 1, naming the seeds still pending. --dry-run
-# restores nothing and trains nothing: it prints the pending seeds and those a lane is training now. The build goes
-# to $TRACERL_CACHE (default ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python
-# (run_records.py) is the active environment's with this tree's package; FROZEN's runs use FROZEN/src.
+# restores nothing and trains nothing: it prints the pending seeds, those a lane is training now, and the hours the
+# pending seeds will take at the kept seeds' median (run_records.py cost). The build goes to $TRACERL_CACHE (default
+# ~/.cache/tracerl), where FROZEN's runs look for it. This script's Python (run_records.py) is the active
+# environment's with this tree's package; FROZEN's runs use FROZEN/src.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 args=()
@@ -92,6 +93,7 @@ if $dry; then  # which pending seeds a lane (of any invocation) holds now
     [ -e "$runs/.seed-$seed.lock" ] && ! flock -n "$runs/.seed-$seed.lock" true && held+=("$seed")
   done
   echo "continue_preregistered: training now: ${held[*]:-none}"
+  echo "continue_preregistered: $(keep cost "$records" --seeds "$seeds" --lanes "$lanes")"
   exit 0
 fi
 

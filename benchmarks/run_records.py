@@ -3,6 +3,7 @@
     python benchmarks/run_records.py save RUNS_DIR RECORDS_DIR [--methods grpo,pcl,trace] [--policy BUILD_DIR]
     python benchmarks/run_records.py restore RECORDS_DIR RUNS_DIR [--cache CACHE_DIR]
     python benchmarks/run_records.py pending RECORDS_DIR --seeds 0-40 [--methods grpo,pcl,trace]
+    python benchmarks/run_records.py cost RECORDS_DIR --seeds 0-40 [--lanes 2]
 
 A long comparison (`benchmarks/preregistered.sh`: 41 seeds x 3 methods) outlives the machine it starts on. `save`
 copies, for every seed whose runs of all `--methods` are finished (their last step trained and evaluated, at the
@@ -19,8 +20,9 @@ finish seeds at the same moment each keep theirs once, and a lane starting besid
 
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
-`tracerl compare --seeds` reads. Train only pending seeds: a restored run has no checkpoint, and `tracerl compare`
-on its seed would train it again from step 0.
+`tracerl compare --seeds` reads; `cost` the minutes each kept seed's runs logged and what the pending seeds will
+take at their median (it reads no success figure, so a design not yet read can be planned by it). Train only
+pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would train it again from step 0.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tracerl.io.runlog import finished_run
+from tracerl.io.runlog import finished_run, read_metrics
 from tracerl.report.compare import seed_spans
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
@@ -186,6 +189,33 @@ def pending(records: Path, seeds: list[int], labels: list[str]) -> list[int]:
     return [s for s in seeds if set(kept.get(s, {})) != set(labels)]
 
 
+def seed_minutes(records: Path, labels: list[str]) -> list[float]:
+    """Minutes each kept seed's runs logged (their steps' `sys/step_seconds` and evaluations' `eval/seconds`), in
+    seed order: what a seed costs a lane, less each process's start and load. Reads no success figure."""
+    minutes = []
+    for dirs in seeds_in(records, labels).values():
+        if set(dirs) != set(labels):
+            continue
+        seconds = 0.0
+        for run_dir in dirs.values():
+            for row in read_metrics(run_dir):
+                key = "sys/step_seconds" if row.get("kind") == "train" else "eval/seconds"
+                seconds += row.get(key, 0.0)
+        minutes.append(seconds / 60)
+    return minutes
+
+
+def describe_cost(records: Path, seeds: list[int], labels: list[str], lanes: int) -> str:
+    minutes = sorted(seed_minutes(records, labels))
+    left = len(pending(records, seeds, labels))
+    if not minutes:
+        return f"{left} seeds pending; no seed kept yet to time them by"
+    median = statistics.median(minutes)
+    return (f"{len(minutes)} seeds kept took {minutes[0]:.0f}-{minutes[-1]:.0f} minutes each by their runs' logged "
+            f"seconds (median {median:.0f}); the {left} pending, about {left * median / 60 / lanes:.1f} hours "
+            f"with {lanes} lane(s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     p_pending = sub.add_parser("pending", help="the seeds not yet kept")
     p_pending.add_argument("records", type=Path)
     p_pending.add_argument("--seeds", required=True, help="e.g. 0-40")
-    for p in (p_save, p_pending):
+    p_cost = sub.add_parser("cost", help="minutes a kept seed took, and what the pending seeds will take")
+    p_cost.add_argument("records", type=Path)
+    p_cost.add_argument("--seeds", required=True, help="the planned seeds, e.g. 0-40")
+    p_cost.add_argument("--lanes", type=int, default=1, help="seeds trained at once")
+    for p in (p_save, p_pending, p_cost):
         p.add_argument("--methods", default="grpo,pcl,trace")
     args = parser.parse_args(argv)
     if args.command == "save":
@@ -216,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         args.runs.mkdir(parents=True, exist_ok=True)
         names = restore(args.records, args.runs, args.cache)
         print(f"run_records: restored {len(names)} runs into {args.runs}")
-    else:
+    elif args.command == "pending":
         seeds = pending(args.records, parse_seeds(args.seeds), args.methods.split(","))
         print(format_seeds(seeds))
+    else:
+        print(describe_cost(args.records, parse_seeds(args.seeds), args.methods.split(","), max(args.lanes, 1)))
     return 0
 
 

@@ -167,3 +167,21 @@ def test_saves_that_run_at_once_each_keep_every_seed_once(tmp_path):
     for seed in range(12):
         assert (records / f"trace-seed{seed}" / "metrics.jsonl").read_bytes() == \
             (runs / f"trace-seed{seed}" / "metrics.jsonl").read_bytes()
+
+
+def test_cost_times_kept_seeds_by_their_logged_seconds(module, tmp_path):
+    records = tmp_path / "records"
+    for seed, step_seconds in ((0, 60.0), (1, 120.0), (2, 600.0)):
+        for label in LABELS:
+            run = make_run(records, label, seed)
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for row in rows:  # four steps of step_seconds and three evaluations of 20 s: per run 4x + 60 seconds
+                row["sys/step_seconds" if row["kind"] == "train" else "eval/seconds"] = (
+                    step_seconds if row["kind"] == "train" else 20.0)
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    make_run(records, "grpo", 3)  # a seed kept in part is not timed
+    assert module.seed_minutes(records, LABELS) == [15.0, 27.0, 123.0]
+    line = module.describe_cost(records, list(range(10)), LABELS, lanes=2)
+    assert "3 seeds kept took 15-123 minutes" in line and "median 27" in line
+    assert "the 7 pending, about 1.6 hours with 2 lane(s)" in line  # 7 x 27 / 60 / 2
+    assert "no seed kept yet" in module.describe_cost(tmp_path / "none", [0, 1], LABELS, lanes=1)
