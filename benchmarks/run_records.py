@@ -191,16 +191,21 @@ def pending(records: Path, seeds: list[int], labels: list[str]) -> list[int]:
 
 def seed_minutes(records: Path, labels: list[str]) -> list[float]:
     """Minutes each kept seed's runs logged (their steps' `sys/step_seconds` and evaluations' `eval/seconds`), in
-    seed order: what a seed costs a lane, less each process's start and load. Reads no success figure."""
+    seed order: what a seed costs a lane, less each process's start and load. An evaluation row that several runs
+    of the seed log identically, seconds included, was computed once and shared (`tracerl compare` shares the
+    step-0 evaluation among a seed's methods), so it counts once. Reads no success figure."""
     minutes = []
     for dirs in seeds_in(records, labels).values():
         if set(dirs) != set(labels):
             continue
-        seconds = 0.0
+        seconds, evals = 0.0, set()
         for run_dir in dirs.values():
             for row in read_metrics(run_dir):
-                key = "sys/step_seconds" if row.get("kind") == "train" else "eval/seconds"
-                seconds += row.get(key, 0.0)
+                if row.get("kind") == "train":
+                    seconds += row.get("sys/step_seconds", 0.0)
+                elif (key := json.dumps(row, sort_keys=True)) not in evals:
+                    evals.add(key)
+                    seconds += row.get("eval/seconds", 0.0)
         minutes.append(seconds / 60)
     return minutes
 
