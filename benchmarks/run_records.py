@@ -21,7 +21,7 @@ finish seeds at the same moment each keep theirs once, and a lane starting besid
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
 `tracerl compare --seeds` reads; `cost` the minutes each kept seed's runs logged and what the pending seeds will
-take at their median (it reads no success figure, so a design not yet read can be planned by it). Train only
+take at their median (it prints no success figure, so a design not yet read can be planned by it). Train only
 pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would train it again from step 0.
 """
 
@@ -193,7 +193,7 @@ def seed_minutes(records: Path, labels: list[str]) -> list[float]:
     """Minutes each kept seed's runs logged (their steps' `sys/step_seconds` and evaluations' `eval/seconds`), in
     seed order: what a seed costs a lane, less each process's start and load. An evaluation row that several runs
     of the seed log identically, seconds included, was computed once and shared (`tracerl compare` shares the
-    step-0 evaluation among a seed's methods), so it counts once. Reads no success figure."""
+    step-0 evaluation among a seed's methods), so it counts once. Prints no success figure."""
     minutes = []
     for dirs in seeds_in(records, labels).values():
         if set(dirs) != set(labels):
