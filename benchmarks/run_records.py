@@ -96,6 +96,11 @@ def seeds_in(folder: Path, labels: list[str]) -> dict[int, dict[str, Path]]:
     return found
 
 
+def whole_seeds(folder: Path, labels: list[str]) -> dict[int, dict[str, Path]]:
+    """The seeds of `seeds_in` with a run folder for every label."""
+    return {seed: dirs for seed, dirs in seeds_in(folder, labels).items() if set(dirs) == set(labels)}
+
+
 def starting_weights(run_dir: Path) -> tuple[str | None, Path | None]:
     """(weights hash, build folder) from a run's provenance.json: the folder only when it is a local build."""
     try:
@@ -130,8 +135,8 @@ def _turn(records: Path) -> Iterator[None]:
 def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> list[int]:
     saved = []
     kept_weights = {starting_weights(d)[0] for d in records.iterdir() if RUN_NAME.match(d.name)} - {None}
-    for seed, dirs in sorted(seeds_in(runs, labels).items()):
-        if set(dirs) != set(labels) or not all(finished(d) for d in dirs.values()):
+    for seed, dirs in sorted(whole_seeds(runs, labels).items()):
+        if not all(finished(d) for d in dirs.values()):
             continue
         present = [(records / d.name).exists() for d in dirs.values()]
         if all(present):
@@ -185,8 +190,8 @@ def _restore(records: Path, runs: Path, cache: Path | None) -> list[str]:
 
 
 def pending(records: Path, seeds: list[int], labels: list[str]) -> list[int]:
-    kept = seeds_in(records, labels)
-    return [s for s in seeds if set(kept.get(s, {})) != set(labels)]
+    kept = whole_seeds(records, labels)
+    return [s for s in seeds if s not in kept]
 
 
 def seed_minutes(records: Path, labels: list[str]) -> list[float]:
@@ -195,9 +200,7 @@ def seed_minutes(records: Path, labels: list[str]) -> list[float]:
     of the seed log identically, seconds included, was computed once and shared (`tracerl compare` shares the
     step-0 evaluation among a seed's methods), so it counts once. Prints no success figure."""
     minutes = []
-    for dirs in seeds_in(records, labels).values():
-        if set(dirs) != set(labels):
-            continue
+    for dirs in whole_seeds(records, labels).values():
         seconds, evals = 0.0, set()
         for run_dir in dirs.values():
             for row in read_metrics(run_dir):
