@@ -23,6 +23,7 @@ from test_sandbox import QUICK, assert_contained, leftovers, spawned  # noqa: F4
 
 from tracerl.io import sandbox, sandbox_cgroups
 from tracerl.io.sandbox import LAYERS, SandboxLimits, run_python
+from tracerl.io.sandbox_syscalls import ALLOWED, AUDIT_ARCH, BY_ARGUMENT, seccomp_table
 
 
 def snapshot(path: str) -> dict[str, tuple[int, int]]:
@@ -310,8 +311,8 @@ ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_seccomp_program_is_an_allowlist(machine):
     child = sandbox_child()
-    prog = child.seccomp_program(machine, 1)
-    arch, allowed, by_arg = child.AUDIT_ARCH[machine], child.ALLOWED[machine], child.BY_ARGUMENT[machine]
+    prog = child.seccomp_program(seccomp_table(machine), 1)
+    arch, allowed, by_arg = AUDIT_ARCH[machine], ALLOWED[machine], BY_ARGUMENT[machine]
     assert len(prog) <= 4096 and prog[-1] == (0x06, 0, 0, EPERM), "the filter must end in EPERM"
     for pc, (code, jt, jf, _) in enumerate(prog):
         assert code not in (0x15, 0x45) or pc + 1 + max(jt, jf) < len(prog), f"jump out of the program at {pc}"
@@ -340,9 +341,8 @@ def test_seccomp_program_is_an_allowlist(machine):
 
 
 def test_seccomp_tables_match_the_kernel_headers():
-    """The syscall numbers are typed in (the child imports nothing outside the stdlib); check them against this
-    machine's headers when it has them."""
-    child = sandbox_child()
+    """The syscall numbers are typed in (the launcher imports nothing outside the stdlib and is handed them); check
+    them against this machine's headers when it has them."""
     headers = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
                "aarch64": "/usr/include/asm-generic/unistd.h"}
     checked = 0
@@ -352,11 +352,17 @@ def test_seccomp_tables_match_the_kernel_headers():
         text = Path(path).read_text()
         numbers = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+) (\d+)", text)}
         numbers.setdefault("newfstatat", numbers.get("fstatat"))
-        for name, nr in (child.ALLOWED[machine] | child.BY_ARGUMENT[machine]).items():
+        for name, nr in (ALLOWED[machine] | BY_ARGUMENT[machine]).items():
             assert numbers.get(name) == nr, f"{machine} {name}: {nr} in the table, {numbers.get(name)} in {path}"
             checked += 1
     if not checked:
         pytest.skip("no kernel headers on this machine")
+
+
+def test_a_machine_without_a_seccomp_table_is_refused(monkeypatch):
+    monkeypatch.setattr(sandbox, "_SECCOMP", None)
+    with pytest.raises(sandbox.SandboxError, match="no seccomp table for this machine"):
+        run_python("print(6 * 7)")
 
 
 def test_a_sandbox_still_starts_fast():

@@ -10,7 +10,7 @@ applies these layers before the model's code runs; each one that took effect is 
 `SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it switched off.
 
 - `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
-  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in the launcher);
+  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in `sandbox_syscalls`);
   every other one fails with EPERM: no socket or socketpair of any family, no SysV or POSIX IPC, no memfd,
   no chmod/chown/xattr/utime (Landlock does not mediate them), no fork/exec/setsid, no personality,
   namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd. clone passes
@@ -97,6 +97,7 @@ from typing import IO, Callable, Collection
 
 from tracerl.io.sandbox_cgroups import cgroup_oom, make_cgroups, remove_cgroups
 from tracerl.io.sandbox_child import read_message, write_message
+from tracerl.io.sandbox_syscalls import seccomp_table
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -193,6 +194,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         source.flush()
         source.seek(0)
         config = {"workdir": workdir, "uid": None, "drop_uid": drop_uid, "uid_base": UID_BASE, "cgroups": cgroups,
+                  "seccomp": _SECCOMP,
                   "status_fd": status.fileno(),
                   "disable": sorted(_disable), "cpu_seconds": limits.cpu_seconds,
                   "memory_bytes": limits.memory_mb << 20, "max_processes": limits.max_processes,
@@ -537,3 +539,4 @@ os.register_at_fork(after_in_child=_forget_servers)
 
 # The child's side (layers, then the code) lives in its own file and runs as `python -c <its text>`.
 _LAUNCHER = (Path(__file__).resolve().parent / "sandbox_child.py").read_text(encoding="utf-8")
+_SECCOMP = seccomp_table(os.uname().machine)  # the launcher runs on this machine
