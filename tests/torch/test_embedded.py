@@ -246,3 +246,29 @@ def test_a_field_added_later_keeps_the_names_of_builds_made_before_it():
     assert changed.key() != EmbeddedConfig().key()
     assert EmbeddedConfig.from_dict(changed.to_dict()) == changed
     assert changed.make_domain().warmup_hop_mix == (1, 1, 1, 0.4, 0.05)
+
+
+def test_the_build_portability_script_reports_the_build_it_made(built, tmp_path, monkeypatch):
+    """benchmarks/gpu/build_portability.py: its `small` preset is this module's SMALL, the hash it reports is the
+    build's, and --build-threads N trains on N threads (the override that shows whether a machine's weights depend on
+    the thread count)."""
+    sys_path = str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu")
+    monkeypatch.syspath_prepend(sys_path)
+    import build_portability
+
+    assert EmbeddedConfig.from_dict(build_portability.SMALL) == SMALL, "the script's `small` is not the tests' SMALL"
+    monkeypatch.setattr(embedded, "BUILD_THREADS", embedded.BUILD_THREADS)  # restored after the override below
+    seen = []
+    original = embedded.train_sft
+    monkeypatch.setattr(embedded, "train_sft",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
+    results = []
+    for threads in (0, 2):
+        out = tmp_path / f"small-{threads}.json"
+        monkeypatch.setattr("sys.argv", ["build_portability.py", "--config", "small", "--build-threads", str(threads),
+                                         "--out", str(out)])
+        build_portability.main()
+        results.append(json.loads(out.read_text()))
+    assert seen == [1, 2] and [r["build_threads"] for r in results] == [1, 2]
+    assert results[0]["weights_sha256"] == built[1].weights_hash() and results[0]["key"] == SMALL.key()
+    assert results[0]["torch"] == torch.__version__ and results[0]["cpu"]
