@@ -35,12 +35,12 @@ named by its weights: `weights_hash(model)` is the SHA-256 of the state dict's t
 in `metrics.json` (`build/weights_sha256`) and by every run (`run_provenance`, written to `<run>/provenance.json`
 with the torch version and the machine). The build runs on one torch thread whatever the caller set (restored
 after), so its weights cannot depend on the caller's thread count: on a 16-core Intel Xeon, 1, 4 and 16 build
-threads gave three different weights for one config (on the 2-core AMD machine 1 and 2 threads gave the same). They
-do depend on the machine and the torch version: the same configs built there and on the 2-core machine (torch 2.11
-against 2.13) matched in no case, while each machine repeated its own builds bit for bit
-(benchmarks/results/gpu-h200/build-portability-2026-11-27/). They also depend on code changes that did not bump
-BUILD_VERSION. So a build is reproducible on one machine and torch version, a cached build is loaded as is, and
-`tracerl compare` refuses to pair runs whose starting weights differ.
+threads gave three different weights for one config, and builds at 1 and at 16 threads repeated bit for bit (on the
+2-core AMD machine 1 and 2 threads gave the same). They also depend on the machine or the torch version: the same
+configs built there and on the 2-core machine matched in no case (the two differ in CPU, torch 2.11 against 2.13, and
+Python, so which of these is not known; benchmarks/results/gpu-h200/build-portability-2026-11-27/). And they
+depend on code changes that did not bump BUILD_VERSION. So a build is reproducible on one machine and torch version,
+a cached build is loaded as is, and `tracerl compare` refuses to pair runs whose starting weights differ.
 
 It does not do RL or load real checkpoints or tokenizers (`TransformersEngine.from_pretrained` does).
 """
