@@ -21,8 +21,8 @@ finish seeds at the same moment each keep theirs once, and a lane starting besid
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
 `tracerl compare --seeds` reads; `cost` the minutes each kept seed's runs logged and what the pending seeds will
-take at their median (it prints no success figure, so a design not yet read can be planned by it). Train only
-pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would train it again from step 0.
+take at their median, in whole rounds of `--lanes` (it prints no success figure, so a design not yet read can be
+planned by it). Train only pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would train it again from step 0.
 """
 
 from __future__ import annotations
@@ -219,9 +219,10 @@ def describe_cost(records: Path, seeds: list[int], labels: list[str], lanes: int
     if not minutes:
         return f"{left} seeds pending; no seed kept yet to time them by"
     median = statistics.median(minutes)
+    rounds = -(-left // lanes)  # lanes train whole seeds: an odd seed left over takes a round of its own
     return (f"{len(minutes)} seeds kept took {minutes[0]:.0f}-{minutes[-1]:.0f} minutes each by their runs' logged "
-            f"seconds (median {median:.0f}); the {left} pending, about {left * median / 60 / lanes:.1f} hours "
-            f"with {lanes} lane(s)")
+            f"seconds (median {median:.0f}); the {left} pending, {rounds} round(s) of {lanes} lane(s), about "
+            f"{rounds * median / 60:.1f} hours")
 
 
 def main(argv: list[str] | None = None) -> int:

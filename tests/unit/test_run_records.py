@@ -186,5 +186,5 @@ def test_cost_times_kept_seeds_by_their_logged_seconds(module, tmp_path):
     assert module.seed_minutes(records, LABELS) == [(3 * (4 * x + 40) + 20) / 60 for x in (60, 120, 600)]
     line = module.describe_cost(records, list(range(10)), LABELS, lanes=2)
     assert "3 seeds kept took 14-122 minutes" in line and "median 26" in line
-    assert "the 7 pending, about 1.5 hours with 2 lane(s)" in line  # 7 x 26.3 / 60 / 2
+    assert "the 7 pending, 4 round(s) of 2 lane(s), about 1.8 hours" in line  # 4 x 26.3 / 60
     assert "no seed kept yet" in module.describe_cost(tmp_path / "none", [0, 1], LABELS, lanes=1)
