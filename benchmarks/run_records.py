@@ -22,7 +22,8 @@ finish seeds at the same moment each keep theirs once, and a lane starting besid
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
 `tracerl compare --seeds` reads; `cost` the minutes each kept seed's runs logged and what the pending seeds will
 take at their median, in whole rounds of `--lanes` (it prints no success figure, so a design not yet read can be
-planned by it). Train only pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would train it again from step 0.
+planned by it). Train only pending seeds: a restored run has no checkpoint, and `tracerl compare` on its seed would
+train it again from step 0.
 """
 
 from __future__ import annotations
