@@ -443,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_bench_predictors)
 
     p = bench.add_parser("stage2", help="stage-2 continuations against fresh rollouts, priced, by anchor depth and "
-                                        "predicted p, from trace runs' saved trees")
+                                        "predicted p, and fresh rollouts by their prompt's grant, from runs' "
+                                        "saved trees (any method's)")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (one per seed) written with "
                                                                   "run.save_trees=true")
     p.add_argument("--out", help="also write the Markdown report to this file")

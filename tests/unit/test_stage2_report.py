@@ -192,3 +192,36 @@ def test_a_run_without_trees_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"method": "trace"}))
     with pytest.raises(ValueError, match="save_trees"):
         read_run(tmp_path)
+
+
+def uniform_tree(name: str, rewards: list[float]) -> Tree:
+    """A prompt's group of fresh rollouts only (a uniform method's tree), one 2-token turn each."""
+    tree = Tree.new(name, "question")
+    for r in rewards:
+        tree.add_child(0, seg(2), reward=r)
+    tree.root.num_granted = len(rewards)
+    return tree
+
+
+def test_fresh_rollouts_are_tallied_by_the_grant_of_their_prompt():
+    """A grant is the fresh rollouts in a prompt's tree, however many continuations it also holds."""
+    trees = [mixed_tree(), all_fail_tree(), uniform_tree("three", [1.0, 0.0, 0.0]),
+             uniform_tree("three-fail", [0.0, 0.0, 0.0])]
+    summary = summarize_run(rollouts(trees, "trace", AdvantageConfig(), continuation_cost=0.5))
+    # grant 2: the mixed tree's two fresh rollouts (informative, 7 + 5 tokens) and the all-fail tree's (6 + 3, not)
+    # grant 3: the mixed group's three (2 tokens each, informative), the all-fail group's three (not)
+    assert {k: counts(t) for k, t in summary["grant"].items()} == {2: (4, 2, 4.0, 2.0, 21, 12),
+                                                                   3: (6, 3, 6.0, 3.0, 12, 6)}
+    assert sum(t.num_rollouts for t in summary["grant"].values()) == summary["origin"]["fresh"].num_rollouts
+
+
+def test_a_uniform_methods_run_is_read_with_its_fresh_rollouts_only(tmp_path):
+    run_dir = tmp_path / "pcl-seed0"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"method": "pcl"}))
+    write_trees(run_dir, 1, {"step": 1, "method": "pcl", "pool": [], "trees": [
+        uniform_tree("a", [1.0, 0.0, 1.0, 1.0]).to_dict(), uniform_tree("b", [0.0] * 4).to_dict()]})
+    text = write_report([run_dir])
+    assert "| fresh | 1 | 0.500 | 0.500 | n/a | n/a | 8 | 4 | 8 | 4 | 16 | 8 | 0 |" in text
+    assert "| 4 | 1 | 0.500 | 0.500 | n/a | n/a | 8 | 4 | 8 | 4 | 16 | 8 | 0 |" in text  # the grant table
+    assert "| informative_sampled_tokens_per_token | 0 | n/a | n/a | n/a |" in text  # nothing to pair

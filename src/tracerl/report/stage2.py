@@ -17,7 +17,11 @@ that is what a policy gradient learns from. Per group of rollouts the report giv
 
 for fresh rollouts, for continuations, and for continuations by the anchor's depth (its turn index), by the
 predictor's success probability at the anchor (`Node.p_pred`, written by stage 2 when it scores its candidates;
-"none" for prefix policies that read no probability) and by the anchor's outcome.
+"none" for prefix policies that read no probability) and by the anchor's outcome; and for fresh rollouts by their
+prompt's grant (how many fresh rollouts its tree holds: stage 1's m for `trace`, the group size n for a uniform
+method), which says where stage 1's allocation puts its rollouts and how much each size of group carries. Any
+method's runs can be read (`grpo`'s and `pcl`'s have fresh rollouts only), so the fresh rollouts of `trace`'s
+allocation can be set beside a uniform method's.
 
 Stage 2's promise against what it got. A candidate anchor's leaves all share one outcome r (the rollout that
 created the anchor; `growth.intermediate_nodes`), and stage 2 buys continuations there because one of them reaches
@@ -61,7 +65,7 @@ from tracerl.io.runlog import TREES_DIR, read_trees
 P_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # bins of the predicted p at the anchor: [0, 0.2), ..., [0.8, 1.0]
 MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")
 FLIP_MEASURES = ("flip_rate", "predicted_flip_rate")  # continuations only
-TABLES = ("origin", "depth", "p", "outcome")
+TABLES = ("origin", "depth", "p", "outcome", "grant")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Rollout:
     informative: bool  # non-zero advantage before batch-level whitening
     anchor_outcome: int | None = None  # continuations: the outcome (0/1) of the rollout that created the anchor
     flipped: bool | None = None  # continuations: its outcome differs from anchor_outcome
+    grant: int = 0  # fresh rollouts in its tree (stage 1's m for trace; the group size for a uniform method)
 
     @property
     def p_flip(self) -> float | None:
@@ -137,6 +142,7 @@ def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, con
     out = []
     for tree, adv in zip(trees, raw):
         creator = creator_leaves(tree)
+        grant = sum(1 for n in tree.nodes if n.is_leaf and n.anchor_id == 0)
         for leaf, row in zip(adv.leaf_ids, adv.values):
             anchor = tree.nodes[tree.nodes[leaf].anchor_id]
             units, tokens = rollout_price(tree, leaf, continuation_cost)
@@ -145,7 +151,7 @@ def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, con
                 r = _outcome(tree.nodes[creator[anchor.node_id]].reward)
                 flipped = _outcome(tree.nodes[leaf].reward) != r
             out.append(Rollout(anchor.node_id != 0, anchor.depth, anchor.p_pred, units, tokens,
-                               bool(np.any(np.abs(row) > atol)), r, flipped))
+                               bool(np.any(np.abs(row) > atol)), r, flipped, grant))
     return out
 
 
@@ -187,13 +193,15 @@ def tally(items: Sequence[Rollout], key: Callable[[Rollout], Hashable | None]) -
 
 
 def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) -> dict[str, dict[Hashable, Tally]]:
-    """A run's rollouts (every step pooled) tallied by origin, and its continuations by anchor depth and by p bin."""
+    """A run's rollouts (every step pooled) tallied by origin; its continuations by anchor depth, by p bin and by the
+    anchor's outcome; its fresh rollouts by their prompt's grant."""
     return {
         "origin": tally(items, lambda r: "continuation" if r.continuation else "fresh"),
         "depth": tally(items, lambda r: r.anchor_depth if r.continuation else None),
         "p": tally(items, lambda r: p_bin(r.p_anchor, edges) if r.continuation else None),
         "outcome": tally(items, lambda r: ("failed", "succeeded")[r.anchor_outcome]
                          if r.continuation and r.anchor_outcome is not None else None),
+        "grant": tally(items, lambda r: None if r.continuation else r.grant),
     }
 
 
@@ -224,7 +232,8 @@ def _ordered(table: str, keys) -> list:
 
 # ---------------------------------------------------------------------------------------------- run directories
 def read_run(run_dir: str | Path) -> dict[str, Any]:
-    """A run directory's rollouts, every saved step pooled, priced and judged with the run's own config."""
+    """A run directory's rollouts, every saved step pooled, priced and judged with the run's own config (any method
+    with saved trees)."""
     run_dir = Path(run_dir)
     config = load_file(run_dir / "config.json")
     estimator = get_method(config["method"]).advantage
@@ -253,7 +262,8 @@ def report(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- markdown
 TITLES = {"origin": "Fresh rollouts and continuations", "depth": "Continuations by anchor depth (turns)",
           "p": "Continuations by predicted success probability at the anchor",
-          "outcome": "Continuations by the outcome of the anchor's rollout"}
+          "outcome": "Continuations by the outcome of the anchor's rollout",
+          "grant": "Fresh rollouts by their prompt's grant (fresh rollouts in its tree)"}
 MEASURE_HEADER = ["inf. units / unit", "inf. sampled tokens / token", "flipped", "predicted flip"]
 
 
@@ -292,7 +302,8 @@ def to_markdown(result: dict[str, Any]) -> str:
              "flipped when its outcome differs from that of the rollout which created its anchor; predicted flip "
              "is stage 2's own probability of that (p at a failed anchor, 1 - p at a succeeded one). Ratios pool a "
              "run's steps as ratios of sums; across runs, the mean of the per-seed ratios with a 95% t interval "
-             "over seeds (none for one seed). Counts are summed over seeds.", ""]
+             "over seeds (none for one seed). Counts are summed over seeds. A prompt's grant is the fresh rollouts "
+             "in its tree.", ""]
     for table, title in TITLES.items():
         lines += [f"## {title}", "", _row(["group", "seeds", *MEASURE_HEADER, *COUNT_HEADER]),
                   "|---" * (2 + len(MEASURE_HEADER) + len(COUNT_HEADER)) + "|"]
