@@ -12,6 +12,10 @@ sys.path.insert(0, str(HERE))  # tests/helpers.py
 # folders and files whose tests take seconds to minutes each (training steps, policy builds, servers, Ray, a browser)
 SLOW = ("e2e", "ray", "view/test_view_browser.py", "serve", "torch/test_embedded.py", "torch/test_lora.py", "unit/test_fuzz_driver.py",
         "sandbox/test_sandbox_nonroot.py", "predictors/test_lm_value.py")
+# folders and files whose tests train, evaluate or compare the policies the tests build (seeded by helpers.BUILD_SEED):
+# `.ci/run` runs them again under a second build seed (marker `builds`), so a test that holds only for the weights one
+# machine builds fails there
+BUILDS = ("e2e", "ray", "predictors", "torch/test_embedded.py", "torch/test_embedded_domains.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -19,3 +23,5 @@ def pytest_collection_modifyitems(items):
         where = pathlib.Path(str(item.fspath)).relative_to(HERE).as_posix()
         if any(where == s or where.startswith(s + "/") for s in SLOW):
             item.add_marker(pytest.mark.slow)
+        if any(where == s or where.startswith(s + "/") for s in BUILDS):
+            item.add_marker(pytest.mark.builds)

@@ -2,6 +2,7 @@
 on loopback in a thread."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -16,10 +17,23 @@ from tracerl.io.scripted_engine import ScriptedEngine
 from tracerl.io.tokenizer import train_tokenizer
 
 
+def _build_seed() -> int:
+    text = os.environ.get("TRACERL_TEST_BUILD_SEED", "0")
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"TRACERL_TEST_BUILD_SEED={text!r} must be a non-negative integer, e.g. 1")
+    return int(text)
+
+
+# The build seed of every policy the tests build or initialise (`TRACERL_TEST_BUILD_SEED`, default 0). A build is
+# bit-identical across thread counts on one machine, not across CPUs: another CPU's float rounding trains other weights,
+# and another seed gives other weights in the same way. `.ci/run` runs the suites that use these policies under a
+# second seed, so a test that holds only for the weights one machine happens to build fails there first.
+BUILD_SEED = _build_seed()
+
 # The tests' tiny embedded policy: 2-hop questions over a 40-entity world, a 64-wide model, short turns; every
 # question answerable and the warm start on the RL questions, so a step has contrast and an update moves the policy
-TINY_POLICY = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150, "sft_steps": 300,
-               "vocab_size": 500, "hidden_size": 64, "max_turns": 4, "max_tokens_per_turn": 40,
+TINY_POLICY = {"seed": BUILD_SEED, "num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 150,
+               "sft_steps": 300, "vocab_size": 500, "hidden_size": 64, "max_turns": 4, "max_tokens_per_turn": 40,
                "max_tokens_per_rollout": 400, "num_eval_prompts": 8, "eval_samples_per_prompt": 2, "lr": 1e-2,
                "unanswerable_share": 0.0, "missing_kinds": [], "warmup_fraction": 0.0}
 
@@ -66,9 +80,9 @@ def random_advantages(tree, seed: int) -> TreeAdvantages:
 
 
 # a small embedded multi-hop policy that builds in under a second: the trainer tests' policy
-SMALL_EMBEDDED = {"num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48, "vocab_size": 400,
-                  "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "sft_steps": 30,
-                  "batch_size": 4, "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3,
+SMALL_EMBEDDED = {"seed": BUILD_SEED, "num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48,
+                  "vocab_size": 400, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                  "sft_steps": 30, "batch_size": 4, "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3,
                   "max_tokens_per_turn": 24, "max_tokens_per_rollout": 200}
 
 

@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import BUILD_SEED
 
 from tracerl.io.runlog import read_metrics, read_trees
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inventory"
-TINY = {"num_train_rows": 60, "p_noise_turn": 0.25, "sft_steps": 40, "batch_size": 4, "vocab_size": 400,
-        "hidden_size": 32, "num_layers": 1, "max_turns": 4, "max_tokens_per_turn": 40, "max_tokens_per_rollout": 300,
+TINY = {"seed": BUILD_SEED, "num_train_rows": 60, "p_noise_turn": 0.25, "sft_steps": 40, "batch_size": 4,
+        "vocab_size": 400,        "hidden_size": 32, "num_layers": 1, "max_turns": 4, "max_tokens_per_turn": 40, "max_tokens_per_rollout": 300,
         "num_eval_prompts": 4, "eval_samples_per_prompt": 1, "lr": 1e-2}
 
 

@@ -6,6 +6,7 @@ The registry names the neural predictors by "module:attr"; nothing is registered
 from __future__ import annotations
 
 import pytest
+from helpers import BUILD_SEED
 
 torch = pytest.importorskip("torch", reason="the neural predictors need torch: pip install -e '.[neural]'")
 pytest.importorskip("transformers", reason="the neural predictors need transformers: pip install -e '.[neural]'")
@@ -35,7 +36,7 @@ def tiny_lm_dir(tmp_path_factory, tokenizer_dir):
     from tracerl.engines.tiny import tiny_qwen3
 
     path = tmp_path_factory.mktemp("tiny-lm")
-    tiny_qwen3(vocab_size=512, hidden_size=32, num_heads=2, num_kv_heads=1, seed=0).save_pretrained(path)
+    tiny_qwen3(vocab_size=512, hidden_size=32, num_heads=2, num_kv_heads=1, seed=BUILD_SEED).save_pretrained(path)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
     return path
 

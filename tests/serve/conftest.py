@@ -5,6 +5,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
+from helpers import BUILD_SEED
 from serve_support import VOCAB
 
 
@@ -21,7 +22,7 @@ def one_thread():
 def model():
     from tracerl.engines.tiny import tiny_qwen3
 
-    return tiny_qwen3(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    return tiny_qwen3(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=BUILD_SEED)
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,7 @@ def cluster():
 def tiny(tmp_path_factory):
     """Multihop rows, a tokenizer trained on them (tracerl's chat template), a random tiny Qwen3; saved to a
     directory verl's HFModelConfig loads (nothing is downloaded)."""
-    from helpers import make_renderer
+    from helpers import BUILD_SEED, make_renderer
 
     from tracerl.engines.tiny import tiny_qwen3
     from tracerl.io.domains.multihop import MultiHopDomain
@@ -74,7 +74,8 @@ def tiny(tmp_path_factory):
     domain = MultiHopDomain()
     rows = domain.rows("train", 8, seed=0)
     renderer = make_renderer([r["prompt"][-1]["content"] for r in rows], vocab_size=600)
-    model = tiny_qwen3(vocab_size=len(renderer.tokenizer), hidden_size=32, num_heads=2, num_kv_heads=1)
+    model = tiny_qwen3(vocab_size=len(renderer.tokenizer), hidden_size=32, num_heads=2, num_kv_heads=1,
+                       seed=BUILD_SEED)
     path = tmp_path_factory.mktemp("tiny-qwen3")
     model.save_pretrained(path)
     renderer.tokenizer.save_pretrained(path)

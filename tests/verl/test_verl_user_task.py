@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("verl.trainer.ppo.v1", reason="needs verl 0.9.1 in its own environment: run .ci/verl")
 
 import torch  # noqa: E402
-from helpers import expert_engine, make_renderer  # noqa: E402
+from helpers import BUILD_SEED, expert_engine, make_renderer  # noqa: E402
 from test_verl_trace import BATCH, MINI, N, expected_tokens, make_batch, run_step, verl_config  # noqa: E402
 
 from tracerl.core.advantages import compute_advantages  # noqa: E402
@@ -65,7 +65,8 @@ def vault(tmp_path_factory):
     texts = [r["prompt"][-1]["content"] for r in rows]
     texts += [f"vault {v} opened for {o}: code {c} <answer>{c}</answer>" for v, c in CODES.items() for o in "ab"]
     renderer = make_renderer(texts, vocab_size=600)
-    model = tiny_qwen3(vocab_size=len(renderer.tokenizer), hidden_size=32, num_heads=2, num_kv_heads=1)
+    model = tiny_qwen3(vocab_size=len(renderer.tokenizer), hidden_size=32, num_heads=2, num_kv_heads=1,
+                       seed=BUILD_SEED)
     path = tmp_path_factory.mktemp("tiny-qwen3-vault")
     model.save_pretrained(path)
     renderer.tokenizer.save_pretrained(path)

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from helpers import BUILD_SEED
 from vllm_support import VOCAB, sharp_qwen3
 
 
@@ -30,13 +31,13 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def model_a():
-    return sharp_qwen3(0)
+    return sharp_qwen3(2 * BUILD_SEED)
 
 
 @pytest.fixture(scope="session")
 def model_b():
     """Other weights of the same architecture: what the policy becomes after an update."""
-    return sharp_qwen3(1)
+    return sharp_qwen3(2 * BUILD_SEED + 1)
 
 
 @pytest.fixture(scope="session")
