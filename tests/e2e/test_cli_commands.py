@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_POLICY, free_port
+from helpers import BUILD_SEED, TINY_POLICY, free_port
 from tracerl.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,33 +235,37 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"value": 1.0}  # no "score": every call fails
 
 
+def expert(row, turns, rng):
+    return "<answer> x</answer>"  # the warm start learns to answer at once, so every rollout calls the reward
+
+
 def make_task():
-    return UserTask(tools=[search], compute_score=compute_score, train_files=["rows.jsonl"],
+    return UserTask(tools=[search], compute_score=compute_score, expert=expert, train_files=["rows.jsonl"],
                     test_files=["rows.jsonl"])
 """
 
+# a policy warm-started on BROKEN_TASK's expert in seconds: it answers, whatever weights a machine builds
+ANSWERING = {"seed": BUILD_SEED, "num_train_rows": 8, "sft_steps": 40, "batch_size": 4, "vocab_size": 300,
+             "hidden_size": 32, "num_layers": 1, "max_turns": 3, "max_tokens_per_turn": 24,
+             "max_tokens_per_rollout": 120, "num_eval_prompts": 4, "eval_samples_per_prompt": 1, "lr": 1e-2}
 
-def test_a_reward_that_always_fails_is_shown_and_fails_the_command(model_dir, tmp_path, capsys, monkeypatch):
+
+def test_a_reward_that_always_fails_is_shown_and_fails_the_command(tmp_path, capsys, monkeypatch):
     rows = [{"data_source": "notes", "prompt": [{"role": "user", "content": f"Who is person {i}'s father?"}],
              "reward_model": {"ground_truth": "x"}} for i in range(8)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "task.py").write_text(BROKEN_TASK)
     (tmp_path / "config.toml").write_text('method = "grpo"\n[data]\ntask = "task.py:make_task"\n')
     monkeypatch.chdir(tmp_path)  # the task's own files are relative to the working directory
-    # The reward is called on final answers only, and how often the tiny policy answers questions it was not built for
-    # depends on the weights a machine builds (one build answered 2 of 16): runs are drawn with other seeds until
-    # both training and evaluation made reward calls, at most 8 (a run takes seconds)
-    for seed in range(8):
-        out = tmp_path / f"run-{seed}"
-        sets = [f"policy.model={model_dir}", "run.num_steps=1", f"run.seed={seed}", "run.eval_prompts=8",
-                "run.eval_samples=2", "run.num_threads=1", "run.progress=false", "allocation.num_prompts=4",
-                "allocation.rollouts_per_prompt=4", "data.max_turns=3"]
-        status, text, err = run(capsys, "train", "--config", tmp_path / "config.toml", "--out", out,
-                                *(arg for s in sets for arg in ("--set", s)))
-        if "reward failures in training" in text and "reward failures in held-out evaluation" in text:
-            break
-    assert "reward failures in training" in text and "reward failures in held-out evaluation" in text, \
-        f"8 runs and the policy never answered in both training and evaluation: {text}"
+    # the reward is called on final answers only: the policy is the one built on the task's expert, which answers (the
+    # multi-hop policy answered 2 of 16 of these questions on one machine's build and none on another's)
+    out = tmp_path / "run"
+    sets = [f"policy.embedded={json.dumps(ANSWERING)}", f"policy.cache_dir={tmp_path / 'cache'}", "run.num_steps=1",
+            "run.eval_prompts=4", "run.eval_samples=2", "run.num_threads=1", "run.progress=false",
+            "allocation.num_prompts=4", "allocation.rollouts_per_prompt=2", "data.max_turns=3"]
+    status, text, err = run(capsys, "train", "--config", tmp_path / "config.toml", "--out", out,
+                            *(arg for s in sets for arg in ("--set", s)))
+    assert "reward failures in training" in text and "reward failures in held-out evaluation" in text, text
     assert "WARNING: most training reward calls failed" in text
     report = (out / "report.md").read_text()
     assert "reward failures in training" in report
