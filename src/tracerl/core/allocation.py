@@ -33,10 +33,14 @@ AUTO_EXACT_PROMPTS = 4096  # ... and N is at most this (the DP loops over prompt
 _BULK_GRANTS = 4096  # stage 2 hands out increments in bulk before its heap when more could fit
 
 
+def _consecutive(m: np.ndarray) -> bool:
+    return bool(m.size > 1 and m[0] >= 0 and np.all(np.diff(m) == 1))
+
+
 def _powers(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     """(M, N) x_i ** m_j, m-major; a running product when m is a run of consecutive integers (fast, exact
     to a few ulps)."""
-    if m.size > 1 and m[0] >= 0 and np.all(np.diff(m) == 1):
+    if _consecutive(m):
         out = np.empty((m.size, x.size))
         out[0] = x ** m[0]
         if x.size < 256:  # few rows: one cumprod beats a Python loop over many columns
@@ -52,11 +56,24 @@ def v_root(p: np.ndarray, m: np.ndarray) -> np.ndarray:
     """V_root(v, m) = 1 - v^m - (1 - v)^m, and 0 for m <= 1: P(m rollouts are mixed) (TRACE, stage 1).
 
     Returns (N, M) as the transpose of an m-major buffer, the layout the stage-1 solvers read fastest.
+    Many rows and consecutive m: one column at a time, the same running products and subtractions as
+    `_powers` (so the same floats) without two (M, N) temporaries (4x faster at 100k x 33).
     """
     m = np.asarray(m)
-    out = _powers(p, m)  # (M, N)
-    np.subtract(1.0, out, out=out)
-    out -= _powers(1.0 - p, m)
+    if p.size >= 256 and _consecutive(m):
+        out = np.empty((m.size, p.size))  # (M, N)
+        q = 1.0 - p
+        p_m, q_m = p ** m[0], q ** m[0]  # (N,) running v^m and (1 - v)^m
+        for j in range(m.size):
+            if j:
+                np.multiply(p_m, p, out=p_m)
+                np.multiply(q_m, q, out=q_m)
+            np.subtract(1.0, p_m, out=out[j])
+            np.subtract(out[j], q_m, out=out[j])
+    else:
+        out = _powers(p, m)  # (M, N)
+        np.subtract(1.0, out, out=out)
+        out -= _powers(1.0 - p, m)
     out[m <= 1] = 0.0
     return out.T
 
@@ -111,7 +128,8 @@ def solve_roots(p_success, budget: float, *, m_min: int = 2, m_max: int | None =
       `tracerl.core.knapsack`), the feasible side, then a greedy repair of the leftover. upper_bound is the
       dual value at the final multiplier, so the plan is within upper_bound - value of the optimum (0 when
       the multiplier's plan spends the budget exactly; at most about one prompt's value otherwise).
-      About 0.1 s for 100k prompts and a budget of 16 rollouts each.
+      About 50 ms of CPU time for 100k prompts and a budget of 16 rollouts each (2-core CPU, `tracerl bench
+      alloc`; the wall clock depends on what else runs).
     - "auto": exact when costs are integers, N * (B + 1) * #m <= 2e6 and N <= 4096, else lagrangian.
 
     m_max=None lets the budget alone cap a prompt. Ties go to the lower prompt index. Never overspends.
