@@ -18,7 +18,8 @@ from tracerl.io.sandbox import SandboxLimits  # noqa: E402
 
 from helpers import expert_engine, make_renderer  # noqa: E402
 
-DOMAIN = MathDomain(limits=SandboxLimits(wall_seconds=3.0, cpu_seconds=2, memory_mb=256))
+# a loop ends by its CPU limit; the expert's programs end by themselves, and no loaded machine nears the wall clock
+DOMAIN = MathDomain(limits=SandboxLimits(wall_seconds=30.0, cpu_seconds=2, memory_mb=256))
 ROWS = DOMAIN.rows("test", 12, seed=0)
 
 

@@ -46,7 +46,8 @@ def test_expert_solves_the_test_split_with_the_real_sandbox(domain):
 
 
 def test_program_output_errors_and_timeouts_are_observations():
-    env = MathEnv(limits=SandboxLimits(wall_seconds=1.0, cpu_seconds=1))
+    # the loop ends by its CPU limit; a wall clock no loaded machine comes near for the calls that end by themselves
+    env = MathEnv(limits=SandboxLimits(wall_seconds=30.0, cpu_seconds=1))
     env.reset(MathDomain(mix={"chain_sum": 1.0}).rows("test", 1, seed=0)[0])
     ok = env.step(call("print(6 * 7)"))
     assert ok.observation == "42" and not ok.tool_error and not ok.done
@@ -77,7 +78,7 @@ def test_snapshot_restore_resumes_the_prefix():
 def test_prefetched_programs_give_what_stepping_them_gives():
     """The driver prefetches every turn of a batch, so the domain's pool runs their sandboxes side by side; what
     each step returns is what an environment without a pool returns, errors included, and nothing is left over."""
-    domain = MathDomain(mix={"chain_sum": 1.0}, limits=SandboxLimits(wall_seconds=2.0, cpu_seconds=1))
+    domain = MathDomain(mix={"chain_sum": 1.0}, limits=SandboxLimits(wall_seconds=30.0, cpu_seconds=1))
     row = domain.rows("test", 1, seed=0)[0]
     programs = ["print(6 * 7)", "print(1 / 0)", "import os; print(os.getpid() > 0)", "print('x' * 3)"]
     plain, pooled = MathEnv(limits=domain.limits), [domain.make_env() for _ in programs]

@@ -78,9 +78,10 @@ def test_the_code_cannot_signal_the_server(how):
     pid = server_pid()
     result = run_python(f"import os\n{how.format(pid=pid)}\n")
     assert not result.ok
-    time.sleep(0.1)
-    assert server_pid() == pid, "the server was replaced: the code killed it"
+    # a call through the server first: a server that got the signal (however late it dies on a loaded machine)
+    # fails this call or is replaced by it, and the pid below changes
     assert run_python("print('alive')").stdout == "alive\n"
+    assert server_pid() == pid, "the server was replaced: the code killed it"
 
 
 def test_calls_do_not_share_random_state():
@@ -113,7 +114,7 @@ def test_the_server_ends_with_its_caller():
         os._exit(0)  # no cleanup: the server must notice on its own
         """)
     pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # the server looks for its caller once a second
     while time.monotonic() < deadline:
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -123,7 +124,7 @@ def test_the_server_ends_with_its_caller():
             break
         time.sleep(0.1)
     else:
-        pytest.fail(f"the launcher server {pid} outlived its caller by 10 s")
+        pytest.fail(f"timeout: the launcher server {pid} outlived its caller by 60 s")
 
 
 def test_a_launcher_killed_before_its_setsid_still_dies():

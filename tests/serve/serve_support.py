@@ -18,6 +18,7 @@ import httpx
 from helpers import free_port, thread_server  # noqa: F401 (the serve tests import them from here)
 
 VOCAB = 256  # of the tiny Qwen3 the tests serve
+START_S = 120.0  # how long `tracerl serve` may take to answer /health: generous, a loaded machine imports slowly
 
 
 def start_server_process(model_dir, port: int) -> subprocess.Popen:
@@ -26,7 +27,7 @@ def start_server_process(model_dir, port: int) -> subprocess.Popen:
            "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"tracerl serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
@@ -37,7 +38,7 @@ def start_server_process(model_dir, port: int) -> subprocess.Popen:
             pass
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("tracerl serve did not answer /health within 90 s")
+    raise RuntimeError(f"timeout: tracerl serve did not answer /health within {START_S:g} s")
 
 
 def stop_process(proc: subprocess.Popen) -> None:
@@ -64,9 +65,9 @@ class BadServer:
     """A real HTTP server that answers `/v1/completions` badly first, then well.
 
     `plan` maps a prompt's first token id to the list of bad answers it gets before good ones ("500", "truncated":
-    a 200 whose JSON body is cut off, "slow": a good answer after 1 s, "400"); `always` is what every request gets
-    instead, forever. A good answer is vLLM-shaped: n choices of `canned_ids` with logprobs [-1, -2], "length".
-    `seen` counts requests per first token id.
+    a 200 whose JSON body is cut off, "slow": no answer until the server closes, so that only the client's timeout
+    ends the attempt, "400"); `always` is what every request gets instead, forever. A good answer is vLLM-shaped:
+    n choices of `canned_ids` with logprobs [-1, -2], "length". `seen` counts requests per first token id.
     """
 
     def __init__(self, plan: dict[int, list[str]] | None = None, always: str | None = None):
@@ -74,6 +75,7 @@ class BadServer:
         self.always = always
         self.seen: Counter[int] = Counter()
         self.lock = threading.Lock()
+        self.closed = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -84,7 +86,8 @@ class BadServer:
                     outer.seen[prompt[0]] += 1
                     todo = outer.always or (outer.plan.get(prompt[0]) or ["ok"]).pop(0)
                 if todo == "slow":
-                    time.sleep(1.0)
+                    outer.closed.wait()
+                    return
                 if todo == "500":
                     return self._send(500, b'{"error": {"message": "CUDA out of memory (on purpose)"}}')
                 if todo == "400":
@@ -112,6 +115,7 @@ class BadServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.closed.set()
         self.server.shutdown()
         self.server.server_close()
 

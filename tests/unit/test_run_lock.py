@@ -44,13 +44,13 @@ def test_a_lock_of_a_killed_process_is_gone_with_it(tmp_path):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    deadline = time.monotonic() + 10
-    while True:  # the kernel drops the lock with the process's files
+    deadline = time.monotonic() + 120  # only stops the wait: the kernel drops the lock with the process's files
+    while True:
         try:
             with run_lock(tmp_path):
                 break
         except RunInUse:
-            assert time.monotonic() < deadline, "the killed holder's lock outlived it"
+            assert time.monotonic() < deadline, "timeout: the killed holder's lock outlived it by 120 s"
             time.sleep(0.05)
 
 

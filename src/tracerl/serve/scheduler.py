@@ -71,6 +71,7 @@ class Scheduler:
         self.engine, self.limits = engine, limits
         self.engine_lock = threading.Lock()
         self._jobs: deque[Job] = deque()
+        self._running: Job | None = None  # the job whose slice runs now: out of the queue, still in progress
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="tracerl-serve-engine", daemon=True)
@@ -78,9 +79,9 @@ class Scheduler:
 
     @property
     def num_jobs(self) -> int:
-        """Requests admitted and not yet answered or dropped."""
+        """Requests admitted and not yet answered or dropped: those queued and the one whose slice runs."""
         with self._wake:
-            return len(self._jobs)
+            return len(self._jobs) + (self._running is not None)
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, n: int) -> Job:
         """Queue a request; raises Busy when `max_queued_requests` are already queued."""
@@ -112,23 +113,27 @@ class Scheduler:
                     for job in self._jobs:
                         job.future.cancel()
                     return
-                job = self._jobs.popleft()
-            if job.cancelled:
-                job.future.cancel()
-                continue
+                job = self._running = self._jobs.popleft()
             try:
+                if job.cancelled:
+                    job.future.cancel()
+                    continue
                 with self.engine_lock:
                     self._run_slice(job)
-                if not all(row.finish_reason for row in job.rows):
-                    with self._wake:
+                with self._wake:  # back in the queue, or finished: never uncounted while in progress
+                    self._running = None
+                    if not all(row.finish_reason for row in job.rows):
                         self._jobs.append(job)
-                    continue
+                        continue
                 job.future.set_result(self._results(job))
             except InvalidStateError:  # the request gave up (its client went) while its last slice ran
                 pass
             except BaseException as err:  # noqa: BLE001 (handed to the request, which answers 400 or 500)
                 if not job.future.done():
                     job.future.set_exception(err)
+            finally:
+                with self._wake:
+                    self._running = None
 
     def _run_slice(self, job: Job) -> None:
         """Generate the next slice of `job`: the unfinished rows with the fewest tokens, each up to slice_steps more."""
