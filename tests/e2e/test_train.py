@@ -107,7 +107,7 @@ def test_resume_after_sigkill_gives_the_same_metrics(tiny_overrides, tmp_path):
     deadline = time.monotonic() + 600
     while not (latest.exists() and latest.read_text().strip() >= "step-000002"):
         assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "timeout: no checkpoint of step 2 after 600 s"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -201,3 +201,82 @@ def test_a_token_budget_ends_the_run_at_the_step_that_reaches_it_and_a_resume_ma
     assert higher["steps"] > result["steps"] and higher["cum_tokens"] >= 3 * budget
     evals = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "eval"]
     assert evals == list(range(higher["steps"] + 1))
+
+
+def _train_main(run, overrides, *extra):
+    from tracerl.cli import main
+
+    return main(["train", "--out", str(run), *extra, *[a for o in overrides for a in ("--set", o)]])
+
+
+def _one_step_run(tmp_path):
+    """A run of one step on the small policy; returns (its folder, its overrides)."""
+    from helpers import small_trainer_overrides
+
+    run = tmp_path / "run"
+    same = small_trainer_overrides(tmp_path / "cache", "run.num_steps=1", "run.eval_every=1")
+    assert _train_main(run, same) == 0
+    return run, same
+
+
+def test_a_resume_without_the_runs_config_is_refused_naming_what_differs(tmp_path, capsys):
+    """With config.json gone, `--resume` with another method and learning rate must not go on as if it were the same
+    run: the checkpoint's own config is compared, the keys named, the fix given."""
+    run, same = _one_step_run(tmp_path)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    (run / "config.json").unlink()
+    capsys.readouterr()
+    assert _train_main(run, [*same, "method=pcl", "optim.lr=0.01", "run.num_steps=2"], "--resume") == 2
+    err = capsys.readouterr().err
+    assert "method" in err and "optim.lr" in err and "--out" in err and "Traceback" not in err, err
+    assert (run / "metrics.jsonl").read_bytes() == metrics, "a refused resume trained anyway"
+
+
+def test_a_resume_with_the_runs_config_rewritten_is_refused_by_the_checkpoints_own(tmp_path, capsys):
+    from tracerl.train.config import load_config
+
+    run, same = _one_step_run(tmp_path)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    other = [*same, "method=pcl", "optim.lr=0.01", "run.num_steps=2"]
+    (run / "config.json").write_text(json.dumps(load_config(None, [*other, f"run.out_dir={run}"]).to_dict()))
+    capsys.readouterr()
+    assert _train_main(run, other, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "method" in err and "optim.lr" in err and "Traceback" not in err, err
+    assert (run / "metrics.jsonl").read_bytes() == metrics, "a refused resume trained anyway"
+
+
+# written after reading the code: the checkpoint's own config stands in for a lost config.json, and nothing else does
+
+def test_a_resume_without_the_runs_config_but_with_the_same_config_continues_and_restores_it(tmp_path):
+    run, same = _one_step_run(tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    (run / "config.json").unlink()
+    assert _train_main(run, [*same, "run.num_steps=2"], "--resume") == 0
+    steps = [r["step"] for r in read_metrics(run) if r["kind"] == "train"]
+    assert steps == [1, 2], steps
+    restored = json.loads((run / "config.json").read_text())
+    assert {k: v for k, v in restored.items() if k != "run"} == {k: v for k, v in saved.items() if k != "run"}
+
+
+@pytest.mark.parametrize("damage", ["gone, no checkpoint", "not utf-8", "symlink", "a list"])
+def test_a_resume_of_a_run_folder_whose_config_cannot_be_read_is_refused_before_training(tmp_path, damage):
+    from tracerl.train.trainer import _check_run_dir
+
+    config = load_config(None, [f"run.out_dir={tmp_path / 'run'}"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "kind": "eval"}\n')
+    path = run / "config.json"
+    if damage == "not utf-8":
+        path.write_bytes(b'{"method": "gr\xf6po"}')
+    elif damage == "symlink":
+        (tmp_path / "elsewhere.json").write_text(json.dumps(config.to_dict()))
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif damage == "a list":
+        path.write_text("[]")
+    words = {"gone, no checkpoint": "neither config.json nor a checkpoint", "not utf-8": r"byte 14.*save it as UTF-8",
+             "symlink": "symlink", "a list": "not a config"}[damage]
+    with pytest.raises(ValueError, match=words) as caught:
+        _check_run_dir(config, resume=True)
+    assert "config.json" in str(caught.value) and "--out" in str(caught.value), str(caught.value)

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -68,8 +69,15 @@ class RawServer:
         self.sent += len(data)
 
 
-def finishes_within(seconds: float, call) -> BaseException | None:
-    """Run `call()` in a thread; fail the test if it is still running after `seconds`. Returns what it raised."""
+HANG_S = 60.0  # a deadline that only stops a test from hanging: every call here ends in seconds, or never
+AT_ONCE_S = 30.0  # timeout_s against a server that answers at once: no loaded machine comes near it
+
+
+def finishes(call) -> BaseException | None:
+    """Run `call()` in a thread; fail the test if it is still running after HANG_S. Returns what it raised.
+
+    Against a server that never stops, that the call ends at all is the property; that its deadline ended it is
+    shown by the error's message, not by a clock, so a loaded machine cannot fail the test."""
     caught = []
 
     def run():
@@ -78,11 +86,9 @@ def finishes_within(seconds: float, call) -> BaseException | None:
         except BaseException as err:  # noqa: BLE001 (handed back to the test)
             caught.append(err)
     thread = threading.Thread(target=run, daemon=True)
-    started = time.monotonic()
     thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"the call was still running after {seconds} s"
-    assert time.monotonic() - started <= seconds
+    thread.join(HANG_S)
+    assert not thread.is_alive(), f"timeout: the call was still running after {HANG_S:g} s"
     return caught[0] if caught else None
 
 
@@ -130,10 +136,14 @@ def huge(content_length: bool):
     return script
 
 
+# GOOD with 200 MiB of blanks inside, as 202 gzip members (RFC 1952 allows any number): about 200 KiB to send,
+# built in milliseconds (one compressed MiB repeated) instead of compressing 200 MiB inside the timed call
+BOMB = gzip.compress(GOOD[:-2]) + gzip.compress(b" " * (1 << 20)) * 200 + gzip.compress(GOOD[-2:])
+
+
 def gzip_bomb(server, conn, path):
-    data = gzip.compress(GOOD[:-2] + b" " * (200 << 20) + GOOD[-2:])
     server.write(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
-                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                 + f"Content-Length: {len(BOMB)}\r\n\r\n".encode() + BOMB)
 
 
 SLOW = [("headers dripped", drip_headers), ("endless 100 Continue", endless_continue), ("silence", silent),
@@ -144,8 +154,8 @@ SLOW = [("headers dripped", drip_headers), ("endless 100 Continue", endless_cont
 def test_completion_call_ends_by_its_deadline(name, script):
     with RawServer(script) as server:
         engine = OpenAIEngine(server.url, model="m", timeout_s=1.0, max_retries=0)
-        err = finishes_within(2.5, lambda: engine.generate([[1, 2]], PARAMS))
-    assert isinstance(err, EngineError) and server.url in str(err), repr(err)
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
+    assert isinstance(err, EngineError) and server.url in str(err) and "deadline" in str(err), repr(err)
 
 
 @pytest.mark.parametrize("name, script", SLOW, ids=[s[0] for s in SLOW])
@@ -153,7 +163,7 @@ def test_retries_stay_inside_one_call_deadline(name, script):
     with RawServer(script) as server:
         engine = OpenAIEngine(server.url, model="m", timeout_s=1.0, call_timeout_s=2.0, max_retries=50,
                               backoff_s=0.01)
-        err = finishes_within(3.5, lambda: engine.generate([[1, 2]], PARAMS))
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))  # 51 attempts of 1 s each, without the deadline
     assert isinstance(err, EngineError) and "call_timeout_s=2.0" in str(err), repr(err)
 
 
@@ -161,7 +171,7 @@ def test_retries_stay_inside_one_call_deadline(name, script):
 def test_answer_far_larger_than_the_request_is_refused_early(content_length):
     with RawServer(huge(content_length)) as server:
         engine = OpenAIEngine(server.url, model="m", timeout_s=20.0, max_retries=0)
-        err = finishes_within(10, lambda: engine.generate([[1, 2]], PARAMS))
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
         time.sleep(0.2)
         sent = server.sent
     assert isinstance(err, EngineError) and "bytes" in str(err) and server.url in str(err), repr(err)
@@ -169,10 +179,18 @@ def test_answer_far_larger_than_the_request_is_refused_early(content_length):
 
 
 def test_compressed_answer_is_not_inflated():
+    """Refused by its Content-Encoding (the message), and never inflated: the call's peak of Python memory (every
+    thread's, tracemalloc) stays far below the 200 MiB the answer inflates to."""
     with RawServer(gzip_bomb) as server:
         engine = OpenAIEngine(server.url, model="m", timeout_s=20.0, max_retries=0)
-        err = finishes_within(10, lambda: engine.generate([[1, 2]], PARAMS))
+        tracemalloc.start()
+        try:
+            err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
     assert isinstance(err, EngineError) and "Content-Encoding" in str(err), repr(err)
+    assert peak < 16 << 20, f"the call held {peak >> 20} MiB at its peak: it inflated the answer"
 
 
 def answering(status: int, body: bytes, only: str | None = None):
@@ -190,27 +208,28 @@ def answering(status: int, body: bytes, only: str | None = None):
 ])
 def test_malformed_model_list_is_an_engine_error_naming_the_field(body):
     with RawServer(answering(200, body)) as server:
-        engine = OpenAIEngine(server.url, timeout_s=2.0, max_retries=0)
-        err = finishes_within(5, lambda: engine.generate([[1, 2]], PARAMS))
+        engine = OpenAIEngine(server.url, timeout_s=AT_ONCE_S, max_retries=0)
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
     assert isinstance(err, EngineError) and server.url in str(err) and "data" in str(err), repr(err)
 
 
 @pytest.mark.parametrize("name, script", SLOW + [("huge", huge(True))], ids=[s[0] for s in SLOW] + ["huge"])
 def test_model_list_and_load_weights_end_by_their_deadline(name, script):
+    ended_by = "bytes" if name == "huge" else "deadline"  # the size bound ends the huge answer first
     with RawServer(script) as server:
         engine = OpenAIEngine(server.url, timeout_s=1.0, max_retries=0)
-        err = finishes_within(2.5, lambda: engine.generate([[1, 2]], PARAMS))
-        assert isinstance(err, EngineError) and server.url in str(err), repr(err)
-        err = finishes_within(2.5, lambda: engine.load_weights("/tmp/w.pt"))
-        assert isinstance(err, EngineError) and server.url in str(err), repr(err)
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
+        assert isinstance(err, EngineError) and server.url in str(err) and ended_by in str(err), repr(err)
+        err = finishes(lambda: engine.load_weights("/tmp/w.pt"))
+        assert isinstance(err, EngineError) and server.url in str(err) and ended_by in str(err), repr(err)
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"results": "x"}', b'{"results": [{"num_tensors": "7"}]}',
                                   b"[1]"])
 def test_malformed_collective_rpc_answer_is_an_engine_error(body):
     with RawServer(answering(200, body, only="/collective_rpc")) as server:
-        engine = OpenAIEngine(server.url, timeout_s=2.0, max_retries=0)
-        err = finishes_within(5, lambda: engine.load_weights("/tmp/w.pt"))
+        engine = OpenAIEngine(server.url, timeout_s=AT_ONCE_S, max_retries=0)
+        err = finishes(lambda: engine.load_weights("/tmp/w.pt"))
     assert isinstance(err, EngineError) and server.url in str(err), repr(err)
 
 
@@ -230,8 +249,8 @@ def choice(**fields) -> bytes:
 def test_answer_breaking_the_protocol_is_an_engine_error(body, field):
     stops = SamplingParams(temperature=1.0, max_tokens=2, seed=0, stop_token_ids=(9,))
     with RawServer(answering(200, body)) as server:
-        engine = OpenAIEngine(server.url, model="m", timeout_s=2.0, max_retries=0)
-        err = finishes_within(5, lambda: engine.generate([[1, 2]], stops))
+        engine = OpenAIEngine(server.url, model="m", timeout_s=AT_ONCE_S, max_retries=0)
+        err = finishes(lambda: engine.generate([[1, 2]], stops))
     assert isinstance(err, EngineError) and server.url in str(err) and field in str(err), repr(err)
 
 
@@ -264,8 +283,60 @@ def test_tls_handshake_dripped_ends_by_the_deadline():
     url = f"https://127.0.0.1:{server.getsockname()[1]}"
     try:
         engine = OpenAIEngine(url, model="m", timeout_s=1.0, max_retries=0)
-        err = finishes_within(2.5, lambda: engine.generate([[1, 2]], PARAMS))
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
     finally:
         stop.set()
         server.close()
-    assert isinstance(err, EngineError) and url in str(err), repr(err)
+    assert isinstance(err, EngineError) and url in str(err) and "deadline" in str(err), repr(err)
+
+
+# ---------------------------------------------------------------- numbers a server writes
+# Every number the client reads from a server goes through one strict ASCII parser: Unicode digits (which
+# `str.isdigit` accepts, and `int` either refuses, as for "²", or reads, as for "١٢"), signs, underscores and
+# 5,000-digit runs are an EngineError naming the server and the field, never a raw ValueError or a silent value.
+
+NOT_ASCII_INTEGERS = ["²", "١", "１", "+3", "3_0", "-1", "9" * 5000, ""]
+
+
+def vllm_tokens(token: str) -> bytes:
+    """A vLLM-shaped answer (ids only as `"token_id:N"` strings) whose second token is `token`."""
+    tokens = ["token_id:3", token]
+    return json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length",
+                                    "logprobs": {"tokens": tokens, "token_logprobs": [-1.0, -0.5]}}]}).encode()
+
+
+def test_a_vllm_shaped_answer_with_ascii_ids_still_parses():
+    with RawServer(answering(200, vllm_tokens("token_id:4"))) as server:
+        engine = OpenAIEngine(server.url, model="m", timeout_s=AT_ONCE_S, max_retries=0)
+        assert engine.generate([[1, 2]], PARAMS)[0][0].token_ids == [3, 4]
+
+
+@pytest.mark.parametrize("digits", NOT_ASCII_INTEGERS, ids=[ascii(d[:8]) for d in NOT_ASCII_INTEGERS])
+def test_a_token_id_string_that_is_not_an_ascii_integer_is_an_engine_error(digits):
+    with RawServer(answering(200, vllm_tokens("token_id:" + digits))) as server:
+        engine = OpenAIEngine(server.url, model="m", timeout_s=AT_ONCE_S, max_retries=0)
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
+    assert isinstance(err, EngineError) and server.url in str(err) and "token" in str(err), repr(err)
+
+
+def announcing(length: str):
+    """A good answer under a Content-Length header of `length` (written as UTF-8)."""
+    def script(server, conn, path):
+        server.write(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                           b"Content-Length: " + length.encode() + b"\r\n\r\n" + GOOD)
+    return script
+
+
+@pytest.mark.parametrize("length", [d for d in NOT_ASCII_INTEGERS if d],
+                         ids=[ascii(d[:8]) for d in NOT_ASCII_INTEGERS if d])
+def test_a_content_length_that_is_not_an_ascii_integer_is_an_engine_error(length):
+    with RawServer(announcing(length)) as server:
+        engine = OpenAIEngine(server.url, model="m", timeout_s=AT_ONCE_S, max_retries=0)
+        err = finishes(lambda: engine.generate([[1, 2]], PARAMS))
+    assert isinstance(err, EngineError) and server.url in str(err) and "Content-Length" in str(err), repr(err)
+
+
+def test_a_content_length_with_blanks_around_it_is_read():
+    with RawServer(announcing(f"  {len(GOOD)} ")) as server:
+        engine = OpenAIEngine(server.url, model="m", timeout_s=AT_ONCE_S, max_retries=0)
+        assert engine.generate([[1, 2]], PARAMS)[0][0].token_ids == [3, 4]

@@ -218,3 +218,76 @@ def test_predictor_options_are_checked_against_the_predictor_at_load():
     with pytest.raises(ValueError, match="the predictor's seed is run.seed"):
         load_config(None, ['predictor.options={"seed": 3}'])
     assert load_config(None, ['predictor.options={"l2": 0.5}']).predictor.options == {"l2": 0.5}
+
+
+# ---------------------------------------------------------------- nesting deep enough for a recursive walk
+# Nesting a parser accepts (TOML's dotted keys and table headers are parsed in a loop, at any depth) but deeper than
+# any config needs: every walk over the data (from_dict, apply_overrides, to_dict, the key listing a resume compares)
+# would end in RecursionError. Refused at load, naming the file and the depth limit.
+
+def _dotted(depth):
+    return ".".join(["a"] * depth)
+
+
+DEEP = 3000
+
+
+@pytest.mark.parametrize("name, text", [
+    ("dotted.toml", f"{_dotted(DEEP)} = 1\n"),
+    ("header.toml", f"[{_dotted(DEEP)}]\nx = 1\n"),
+    ("array_of_tables.toml", f"[[{_dotted(DEEP)}]]\nx = 1\n"),
+    ("inline.toml", "a = " + "{b = " * DEEP + "1" + "}" * DEEP + "\n"),
+    ("arrays.toml", "a = " + "[" * DEEP + "]" * DEEP + "\n"),
+    ("mixed.toml", f"[predictor.options]\n{_dotted(DEEP // 2)} = " + "{b = " * (DEEP // 2) + "1" + "}" * (DEEP // 2)),
+    ("objects.json", '{"a": ' * DEEP + "1" + "}" * DEEP),
+    ("arrays.json", '{"a": ' + "[" * DEEP + "]" * DEEP + "}"),
+    ("medium.toml", f"[predictor.options]\n{_dotted(200)} = 1\n"),  # far from the stack, still no config's shape
+])
+def test_a_config_file_nested_deep_names_the_file_and_the_depth_limit(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    for load in (load_file, load_config):
+        with pytest.raises(ValueError, match=rf"config file {path}.*(deep|depth).*\d") as caught:
+            load(path)
+        assert not isinstance(caught.value, RecursionError)
+
+
+@pytest.mark.parametrize("override", [
+    f"{_dotted(DEEP)}=1",
+    "predictor.options=" + '{"a": ' * DEEP + "1" + "}" * DEEP,
+    f"predictor.options.{_dotted(200)}=1",
+])
+def test_a_set_nested_deep_names_the_depth_limit(override):
+    with pytest.raises(ValueError, match=r"--set.*(deep|depth).*\d"):
+        load_config(None, [override])
+
+
+def test_walks_over_data_nested_deep_are_bounded_errors_not_recursion():
+    deep = 1
+    for _ in range(DEEP):
+        deep = {"a": deep}
+    with pytest.raises(ValueError, match=r"(deep|depth).*\d"):
+        from_dict(WithOptions, {"options": deep}, where="")
+    with pytest.raises(ValueError, match=r"(deep|depth).*\d"):
+        apply_overrides({"options": deep}, ["rate=1"])
+    from tracerl.train.config import config_changes
+
+    with pytest.raises(ValueError, match=r"(deep|depth).*\d"):
+        config_changes({"options": deep}, {"options": {}})
+
+
+def test_real_nesting_still_loads(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('[predictor.options]\nl2 = 0.1\n[policy]\nembedded = {hops = [2, 3], sft_steps = 5}\n')
+    config = load_config(path)
+    assert config.predictor.options == {"l2": 0.1} and config.to_dict()["policy"]["embedded"]["hops"] == [2, 3]
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_bytes_that_are_not_utf8_name_the_byte_offset_and_the_fix(tmp_path, suffix):
+    path = tmp_path / f"latin1{suffix}"
+    data = b'# a comment\nmethod = "gr\xf6po"\n' if suffix == ".toml" else b'{\n  "method": "gr\xf6po"}'
+    path.write_bytes(data)
+    for load in (load_file, load_config):
+        with pytest.raises(ValueError, match=rf"config file {path}.*byte {data.index(0xf6)}.*save it as UTF-8"):
+            load(path)

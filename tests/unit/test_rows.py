@@ -215,3 +215,119 @@ def test_neutralise_is_idempotent(renderer):
 
     once, count = neutralise(CONTROL, renderer.specials)
     assert count == 5 and neutralise(once, renderer.specials) == (once, 0)
+
+
+# ---------------------------------------------------------------- bytes that are not UTF-8
+# Every data file is read as UTF-8; one that is not (latin-1, UTF-16, a binary file renamed) is refused naming the
+# file, the byte offset of the first bad byte in the file and the fix, whichever loader reads it.
+
+GOOD = json.dumps(row()) + "\n"
+
+
+def _rows_of(path):
+    from tracerl.io.rows import read_row_file
+
+    return read_row_file(path)
+
+
+# a rows file read directly, and through a user task's loader (`tracerl.io.task.load_rows` reads with it too)
+READERS = [pytest.param(_rows_of, id="read_row_file"),
+           pytest.param(lambda path: load_rows([path], "train"), id="load_rows")]
+
+
+def _bad_jsonl(path, good_lines=2, record=None):
+    """`good_lines` good rows, then one holding b"\\xff"; returns (path, the bad byte's offset in the file)."""
+    head = (json.dumps(record) + "\n" if record else GOOD).encode() * good_lines
+    line = (json.dumps(record) if record else json.dumps(row())).encode()
+    cut = line.index(b'"', 2) + 1  # inside the first string value's key, whatever the record
+    path.write_bytes(head + line[:cut] + b"\xff" + line[cut:] + b"\n")
+    return path, len(head) + cut
+
+
+def _names_the_byte(caught, path, offset):
+    message = str(caught.value)
+    assert str(path) in message and f"byte {offset}" in message and "save it as UTF-8" in message, message
+    assert not isinstance(caught.value, UnicodeError) or isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("read", READERS)
+@pytest.mark.parametrize("good_lines", [0, 2, 3000], ids=["first", "third", "far"])
+def test_a_jsonl_row_file_that_is_not_utf8_names_the_byte(tmp_path, good_lines, read):
+    path, offset = _bad_jsonl(tmp_path / "rows.jsonl", good_lines)
+    with pytest.raises(ValueError) as caught:
+        read(path)
+    _names_the_byte(caught, path, offset)
+
+
+@pytest.mark.parametrize("read", READERS)
+def test_a_json_row_file_that_is_not_utf8_names_the_byte(tmp_path, read):
+    path = tmp_path / "rows.json"
+    text = json.dumps([row(), row()]).encode()
+    cut = text.index(b"What")
+    path.write_bytes(text[:cut] + b"\xe9" + text[cut:])
+    with pytest.raises(ValueError) as caught:
+        read(path)
+    _names_the_byte(caught, path, cut)
+
+
+@pytest.mark.parametrize("read", READERS)
+def test_a_utf16_row_file_names_the_byte(tmp_path, read):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(GOOD.encode("utf-16"))  # starts with the BOM b"\xff\xfe"
+    with pytest.raises(ValueError, match="UTF-16") as caught:
+        read(path)
+    _names_the_byte(caught, path, 0)
+
+
+def test_the_row_file_reader_still_reads_good_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(GOOD + "\n" + GOOD)
+    assert _rows_of(path) == [row(), row()]
+
+
+@pytest.mark.parametrize("read", READERS)
+def test_a_parquet_row_file_with_text_that_is_not_utf8_is_named(tmp_path, read):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "rows.parquet"
+    good = json.dumps(row()["prompt"]).encode()
+    column = pa.array([good, b"\xff" + good], type=pa.binary()).view(pa.string())  # a view skips the check
+    table = pa.table({"data_source": pa.array(["mine", "mine"]), "prompt": column,
+                      "reward_model": pa.array([{"ground_truth": "4"}] * 2)})
+    pq.write_table(table, path)
+    with pytest.raises(ValueError) as caught:
+        read(path)
+    message = str(caught.value)
+    assert str(path) in message and "'prompt'" in message and "UTF-8" in message, message
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_math_file_that_is_not_utf8_names_the_byte(tmp_path, suffix):
+    from tracerl.io.domains.math import load_math_file
+
+    record = {"question": "What is 2+2?", "answer": "#### 4"}
+    if suffix == ".jsonl":
+        path, offset = _bad_jsonl(tmp_path / "m.jsonl", 2, record)
+    else:
+        path = tmp_path / "m.json"
+        text = json.dumps([record, record]).encode()
+        offset = text.index(b"What")
+        path.write_bytes(text[:offset] + b"\xe9" + text[offset:])
+    with pytest.raises(ValueError) as caught:
+        load_math_file(path)
+    _names_the_byte(caught, path, offset)
+
+
+@pytest.mark.parametrize("which", ["qa", "corpus"])
+def test_a_multihop_file_that_is_not_utf8_names_the_byte(tmp_path, which):
+    from tracerl.io.domains.multihop import load_corpus, load_qa_file
+
+    if which == "qa":
+        path, offset = _bad_jsonl(tmp_path / "qa.jsonl", 2, {"question": "Who?", "answer": "Ann"})
+        load = load_qa_file
+    else:
+        path, offset = _bad_jsonl(tmp_path / "corpus.jsonl", 2, {"id": "1", "title": "Ann", "text": "Ann is."})
+        load = load_corpus
+    with pytest.raises(ValueError) as caught:
+        load(path)
+    _names_the_byte(caught, path, offset)

@@ -4,6 +4,7 @@ The replay test drives real continuations through `ReActDriver` (scripted engine
 state is a file on disk, where a deep copy of the Python state cannot help."""
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -158,12 +159,11 @@ def test_a_stateful_tool_that_declares_nothing_fails_when_branched(renderer, tmp
 
 
 def test_a_nondeterministic_replayed_tool_is_reported(tmp_path):
-    calls = iter(range(100))
-
     @tool(state="replay")
     def draw(state: Path) -> str:
-        """A number that changes every call."""
-        return str(next(calls))
+        """A number that changes every call (calls run in worker processes: a counter kept in Python memory moves
+        in one worker only, and the replay may run in the other)."""
+        return os.urandom(8).hex()
     domain = make_domain(tmp_path, tools=(draw,))
     env = domain.make_env()
     env.reset(domain.rows("train", 1)[0])

@@ -199,3 +199,48 @@ def test_rows_from_files_still_checked(files):
     (files["dir"] / "train.jsonl").write_text('{"prompt": "hi"}\n')
     with pytest.raises(ValueError, match="reward_model.ground_truth"):
         verl_task(files["tools"], files["reward"], "gold_score", train_files=[str(files["dir"] / "train.jsonl")])
+
+
+# ---------------------------------------------------------------- YAML that expands
+
+LAUGHS = '''
+a: &a ["ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+tools:
+  - class_name: {module}.DepositTool
+    config: {{type: native}}
+    tool_schema:
+      type: function
+      function:
+        name: deposit
+        description: *g
+        parameters: {{type: object, properties: {{amount: {{type: integer}}}}, required: [amount]}}
+'''
+
+SHARED = '''
+native: &native {{type: native}}
+tools:
+  - class_name: {module}.DepositTool
+    config: *native
+    tool_schema: {{type: function, function: {{name: deposit, parameters: {{type: object, properties: {{}}}}}}}}
+'''
+
+
+@pytest.mark.parametrize("text", [LAUGHS, SHARED], ids=["billion laughs", "one shared anchor"])
+def test_a_tool_config_with_anchors_or_aliases_is_refused_naming_the_file(files, text):
+    path = files["dir"] / "aliased.yaml"
+    path.write_text(text.format(module=files["module"]))
+    with pytest.raises(ValueError, match=r"aliased\.yaml.*(alias|anchor).*line \d+"):
+        verl_task(str(path), files["reward"], "gold_score")
+
+
+def test_a_tool_config_without_aliases_still_loads(files):
+    path = files["dir"] / "plain.yaml"
+    path.write_text(SHARED.replace("config: *native", "config: {{type: native}}").format(module=files["module"]))
+    assert [t["function"]["name"] for t in verl_task(str(path), files["reward"], "gold_score").make_env().tools()] \
+        == ["deposit"]

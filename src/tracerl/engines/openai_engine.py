@@ -26,8 +26,10 @@ What it does:
   (`Accept-Encoding: identity` is asked for). `/v1/models` and the weight-load answers are bounded to 1 MiB.
 - every answer is checked before it is used: choices are objects with distinct in-range indexes, ids are integers in
   [0, vocab_size) (non-negative and below 2^31 when vocab_size is not given), one finite logprob <= 0 per id, no
-  stop token before the last id, at most max_tokens ids, a known finish reason. A malformed answer raises `EngineError` naming the server, the choice and the field, never
-  a bare AttributeError or TypeError.
+  stop token before the last id, at most max_tokens ids, a known finish reason. Every number read from text (the
+  Content-Length header, vLLM's `"token_id:123"` strings) is ASCII digits read by `tracerl.io.boundary.parse_int`,
+  never `int()` after `isdigit()`. A malformed answer raises `EngineError` naming the server, the choice and the
+  field, never a bare AttributeError, TypeError or ValueError.
 
 Logprobs. tracerl's trainer compares against `log_softmax(logits / T)` of the sampled token (see
 `tracerl.engines.transformers_engine`). vLLM's V1 engine reports logprobs *before* temperature by default
@@ -58,6 +60,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tracerl.engines.errors import EngineError
+from tracerl.io.boundary import parse_int
 from tracerl.io.engine import Completion, SamplingParams, check_request
 
 __all__ = ["EngineError", "OpenAIEngine", "request_seed"]
@@ -262,11 +265,12 @@ class OpenAIEngine:
         if ids is None:  # vLLM without return_token_ids: "token_id:123" strings
             tokens = logprobs.get("tokens") or []
             if not isinstance(tokens, list) or not all(isinstance(t, str) and t.startswith("token_id:")
-                                                       and t[9:].isdigit() and len(t) < 30 for t in tokens):
+                                                       for t in tokens):
                 raise EngineError(f"{self.url} returned no token ids in choice {k} (tokens {str(tokens)[:60]}...); "
                                   f"use a server that honours return_token_ids (vLLM >= 0.10.2, SGLang, tracerl "
                                   f"serve) or return_tokens_as_token_ids (vLLM)")
-            ids = [int(t.removeprefix("token_id:")) for t in tokens]
+            ids = [parse_int(t.removeprefix("token_id:"), f"{self.url} choice {k}: field 'logprobs.tokens[{i}]' "
+                             "after 'token_id:'", EngineError) for i, t in enumerate(tokens)]
         if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in ids):
             bad = next((t for t in ids if not (type(t) is int and 0 <= t < self.vocab_size)), ids) \
                 if isinstance(ids, list) else ids
@@ -407,8 +411,10 @@ def exchange(method: str, url: str, body: dict | None, *, max_bytes: int, deadli
             raise EngineError(f"{method} {url} answered with Content-Encoding {encoding[:40]!r}; this client asks for "
                               "and accepts only uncompressed answers")
         length = response.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > max_bytes:
-            raise EngineError(f"{method} {url} announced an answer of {int(length)} bytes (Content-Length), more "
+        if length is not None:  # http.client reads it with int(), which takes "3_0" and "١٢": parse it strictly
+            length = parse_int(length.strip(" \t"), f"{method} {url}: header Content-Length", EngineError)
+        if length is not None and length > max_bytes:
+            raise EngineError(f"{method} {url} announced an answer of {length} bytes (Content-Length), more "
                               f"than the {max_bytes} bytes this request can justify")
         chunks, size = [], 0
         while chunk := response.read(min(1 << 16, max_bytes + 1 - size)):
@@ -419,8 +425,8 @@ def exchange(method: str, url: str, body: dict | None, *, max_bytes: int, deadli
                                   "stopped reading")
         if fired.is_set():  # the shut-down socket read as the end of the answer
             raise OSError("closed at the deadline")
-        if length is not None and length.strip().isdigit() and size < int(length):
-            raise _Retryable(f"the answer ended after {size} of its {int(length)} bytes")
+        if length is not None and size < length:
+            raise _Retryable(f"the answer ended after {size} of its {length} bytes")
         return response.status, b"".join(chunks)
     except (OSError, http.client.HTTPException) as err:
         if fired.is_set() or isinstance(err, TimeoutError):

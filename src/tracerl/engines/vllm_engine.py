@@ -67,6 +67,7 @@ import torch
 from tracerl.engines.errors import EngineError
 from tracerl.engines.openai_engine import request_seed
 from tracerl.engines.tensors import tensor_problem
+from tracerl.io.boundary import listing
 from tracerl.io.engine import MIN_TEMPERATURE, Completion, SamplingParams, check_request
 
 _ADAPTER_MARKS = ("lora_", "base_model.model.", ".base_layer.", "modules_to_save")  # keys of an unmerged adapter
@@ -293,15 +294,16 @@ class VLLMEngine:
                              f"{type(state).__name__}")
         problems = [f"{k}: {p}" for k, v in state.items() if (p := tensor_problem(v, self._expected.get(k)))]
         if self._expected:
-            missing = sorted(set(self._expected) - set(state) - self._optional)
-            unexpected = sorted(set(state) - set(self._expected), key=str)
+            missing = set(self._expected) - set(state) - self._optional
+            unexpected = set(state) - set(self._expected)
             adapter = [k for k in unexpected if any(mark in str(k) for mark in _ADAPTER_MARKS)]
             if adapter:
-                raise ValueError(f"the state dict has keys of an unmerged adapter (lora) such as {adapter[:3]}; merge "
-                                 "it first (peft's merge_and_unload) and send the merged weights; nothing was loaded")
+                raise ValueError(f"the state dict has keys of an unmerged adapter (lora) such as "
+                                 f"{listing(adapter, 3)}; merge it first (peft's merge_and_unload) and send the merged "
+                                 "weights; nothing was loaded")
             if missing or unexpected:
-                raise ValueError(f"the state dict does not match the model: missing {missing[:5]}, unexpected "
-                                 f"{[str(k)[:80] for k in unexpected[:5]]}; nothing was loaded")
+                raise ValueError(f"the state dict does not match the model: missing {listing(missing)}, unexpected "
+                                 f"{listing(unexpected)}; nothing was loaded")
         if problems:
             raise ValueError(f"{len(problems)} tensors cannot be loaded: {problems[:5]}; nothing was loaded")
         return {k: v.detach().to(self.dtype).contiguous() for k, v in state.items()}

@@ -49,14 +49,21 @@ def neutralise(text: str, pattern: re.Pattern[str] | None) -> tuple[str, int]:
     return pattern.subn(lambda m: m.group(0)[0] + _BREAK + m.group(0)[1:], text)
 
 
-def _neutralise_all(value: Any, pattern: re.Pattern[str] | None) -> Any:
-    """`value` (JSON-like: a tool schema) with `neutralise` applied to every string in it, keys included."""
+MAX_DEPTH = 100  # levels of lists and objects `_neutralise_all` walks (tool schemas are checked at load to 64)
+
+
+def _neutralise_all(value: Any, pattern: re.Pattern[str] | None, depth: int = 0) -> Any:
+    """`value` (JSON-like: a tool schema) with `neutralise` applied to every string in it, keys included; a value
+    nesting deeper than `MAX_DEPTH` is a ValueError, never a RecursionError."""
     if isinstance(value, str):
         return neutralise(value, pattern)[0]
+    if isinstance(value, (dict, list, tuple)) and depth >= MAX_DEPTH:
+        raise ValueError(f"a tool schema or message nests deeper than {MAX_DEPTH} levels of lists and objects")
     if isinstance(value, dict):
-        return {_neutralise_all(k, pattern): _neutralise_all(v, pattern) for k, v in value.items()}
+        return {_neutralise_all(k, pattern, depth + 1): _neutralise_all(v, pattern, depth + 1)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_neutralise_all(v, pattern) for v in value]
+        return [_neutralise_all(v, pattern, depth + 1) for v in value]
     return value
 
 

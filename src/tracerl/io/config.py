@@ -9,8 +9,12 @@ dataclass's own `__post_init__` rejects. A template is a str field whose default
 conversion or format spec, and braces balanced (`{{` for a literal one).
 
 `load_file` reads TOML (presets in `configs/`) or JSON (a run's saved `config.json`): a regular file of at most
-`MAX_FILE_BYTES`, UTF-8, and for JSON no repeated key and no NaN or Infinity; any parse failure (nesting too deep
-for the parser, an integer too long to convert) is a `ValueError` naming the file. `apply_overrides` sets dotted
+`MAX_FILE_BYTES`, UTF-8 (`tracerl.io.files.decode_utf8`: the message names the byte offset), and for JSON no
+repeated key and no NaN or Infinity; any parse failure (an integer too long to convert) is a `ValueError` naming the
+file. Data nests at most `tracerl.io.files.MAX_DEPTH` levels, checked where it comes in (a file, a `--set`, and the
+data `from_dict` and `apply_overrides` are given), so the recursive walks here (`from_dict`, `to_dict`, the copy in
+`apply_overrides`) never meet data deep enough to exhaust the stack: TOML's dotted keys and table headers nest any
+depth without the parser recursing. `apply_overrides` sets dotted
 keys (`optim.lr=3e-4`, `allocation.k_max=null`); a value is parsed as JSON when it can be (numbers, true/false,
 null, lists) and taken as a string otherwise.
 
@@ -27,18 +31,21 @@ import string
 import tomllib
 import types
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from tracerl.io.boundary import listing
+from tracerl.io.files import MAX_DEPTH, check_depth, decode_utf8, too_deep
 
 
 MAX_FILE_BYTES = 1 << 20  # a preset or a run's config.json is a few KB
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    repeated = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
     if repeated:
-        raise ValueError(f"key(s) {repeated} appear more than once (JSON would keep the last silently)")
+        raise ValueError(f"key(s) {listing(repeated)} appear more than once (JSON would keep the last silently)")
     return dict(pairs)
 
 
@@ -64,18 +71,16 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raw = f.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
         raise ValueError(f"config file {path} is larger than {MAX_FILE_BYTES} bytes; a config is a few KB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"config file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    text = decode_utf8(raw, f"config file {path}")
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else parse_json(text)
-    except RecursionError:
-        raise ValueError(f"config file {path} does not parse: it is nested too deeply") from None
+    except RecursionError:  # deeper than the parser's stack: far deeper than the limit
+        raise too_deep(f"config file {path}") from None
     except ValueError as err:  # TOMLDecodeError and JSONDecodeError included; an integer too long to convert
         raise ValueError(f"config file {path} does not parse: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} holds {type(data).__name__}, not a table of keys")
+    check_depth(data, f"config file {path}")
     return data
 
 
@@ -84,19 +89,25 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set {text!r}: write key=value, e.g. --set optim.lr=3e-4")
+    keys = key.strip().split(".")
+    where = f"--set {key.strip()[:80]}{'...' if len(key.strip()) > 80 else ''}=..."
+    if len(keys) > MAX_DEPTH:
+        raise too_deep(where)
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
     except RecursionError:
-        raise ValueError(f"--set {key.strip()}=...: the value is nested too deeply") from None
+        raise too_deep(where) from None
     except ValueError as err:  # an integer too long to convert
-        raise ValueError(f"--set {key.strip()}=...: {err}") from None
-    return key.strip().split("."), value
+        raise ValueError(f"{where}: {err}") from None
+    check_depth(value, where, MAX_DEPTH - len(keys))  # the value sits len(keys) levels down
+    return keys, value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """A copy of `data` with each 'a.b.c=value' set (sections created as needed)."""
+    check_depth(data, "config")
     data = json.loads(json.dumps(data))
     for text in overrides:
         keys, value = parse_override(text)
@@ -128,7 +139,7 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"{where} is a section; give it as a table of keys, not {value!r}")
-        return from_dict(hint, value, where)
+        return _from_dict(hint, value, where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where}: expected a list, got {value!r}")
@@ -207,10 +218,15 @@ def check_template(value: str, names: tuple[str, ...], where: str) -> None:
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     """Build dataclass `cls` from `data` (nested dataclass fields from nested dicts); missing keys keep defaults."""
+    check_depth(data, where or "config")
+    return _from_dict(cls, data, where)
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = set(data) - set(fields)
     if unknown:
-        raise ValueError(f"{where or 'config'}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
+        raise ValueError(f"{where or 'config'}: unknown key(s) {listing(unknown)}; known keys: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in data.items():

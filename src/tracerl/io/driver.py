@@ -36,6 +36,7 @@ from tracerl.core.tree import Segment, Tree
 from tracerl.io.chat import ChatRenderer, neutralise, special_token_pattern
 from tracerl.io.engine import Engine, SamplingParams, stream_key
 from tracerl.io.env import EpisodeError, StepResult
+from tracerl.io.rows import prompt_id
 
 @dataclass(frozen=True)
 class DriverLimits:
@@ -98,9 +99,7 @@ class ReActDriver:
         for pool_index, m in zip(prompt_indices, counts):
             row = self.rows[pool_index]
             env = self.domain.make_env()
-            question = env.reset(row)
-            messages = [m for m in row["prompt"] if m["role"] == "system"] + [{"role": "user", "content": question}]
-            ids = self.renderer.prompt_ids(messages, env.tools())
+            question, ids = root_prompt(self.renderer, env, row)
             tree = Tree.new(prompt_id(row), Segment(ids, [0.0] * len(ids), [0] * len(ids), "", question),
                             meta={"pool_index": int(pool_index), "data_source": row.get("data_source", "")})
             self._remember(tree, 0, env, len(ids))
@@ -209,17 +208,21 @@ class ReActDriver:
             result = StepResult(f"error: the environment could not process this turn ({type(err).__name__}: "
                                 f"{str(err)[:300]})", done=False, tool_error=True)
         self.counters["rollout/tool_errors"] += bool(result.tool_error)
+        if result.info.get("tool_timeout"):  # a key only once it happens, as a Ray worker's counters report it
+            self.counters["rollout/tool_timeouts"] += 1
         if result.done:
             self.counters["rollout/reward_calls"] += 1
             add(policy_only(), reward=result.reward, finish_reason="answer", tool_error=result.tool_error)
             return False
-        # lone surrogates (a JSON "\\ud800" echoed by a tool) cannot be encoded: they become "?"
-        observation = str(result.observation).encode("utf-8", "replace").decode("utf-8")
-        observation, num_neutralised = neutralise(observation, self._specials)
-        self.counters["rollout/neutralised_special_tokens"] += num_neutralised
+        # cut first, then neutralise what is kept: the cost is linear in the kept text, not in what a tool returned
+        observation = str(result.observation)
         if len(observation) > limits.max_observation_chars:
             observation = observation[: limits.max_observation_chars] + " [observation truncated]"
             self.counters["rollout/truncated_observations"] += 1
+        # lone surrogates (a JSON "\\ud800" echoed by a tool) cannot be encoded: they become "?"
+        observation = observation.encode("utf-8", "replace").decode("utf-8")
+        observation, num_neutralised = neutralise(observation, self._specials)
+        self.counters["rollout/neutralised_special_tokens"] += num_neutralised
         closed = completion.finish_reason == "stop"
         self.counters["rollout/truncated_turns"] += not closed
         obs_ids = renderer.encode(renderer.observation_text(observation, role=result.info.get("role", "tool"),
@@ -239,7 +242,35 @@ class ReActDriver:
         return True
 
 
-def prompt_id(row: dict[str, Any]) -> str:
-    """A row's id in trees and histories, "<data_source>:<split>:<index>" (shared with the Ray rollout workers)."""
-    extra = row.get("extra_info", {})
-    return f"{row.get('data_source', '')}:{extra.get('split', '')}:{extra.get('index', '')}"
+def root_prompt(renderer: ChatRenderer, env: Any, row: dict[str, Any]) -> tuple[str, list[int]]:
+    """(question, token ids) of a row's root, with `env` reset to the row: the row's system messages and the
+    environment's question, rendered with the environment's tool schemas."""
+    question = env.reset(row)
+    messages = [m for m in row["prompt"] if m["role"] == "system"] + [{"role": "user", "content": question}]
+    return question, renderer.prompt_ids(messages, env.tools())
+
+
+def check_prompt_lengths(rows: Sequence[dict[str, Any]], renderer: ChatRenderer, domain: Any, *,
+                         context_tokens: int | None, max_tokens_per_turn: int, split: str) -> None:
+    """ValueError naming the first row whose root prompt (`root_prompt`: system messages, question, tool schemas)
+    leaves less than one turn of `max_tokens_per_turn` tokens of the model's `context_tokens` positions; such a row
+    would fail the whole batch of the first step that draws it. `context_tokens=None` (unknown) checks nothing.
+
+    One environment is reset per row (a task's `make_state` runs once per row) and closed at the end."""
+    if not context_tokens:
+        return
+    env = domain.make_env()
+    try:
+        for number, row in enumerate(rows, 1):
+            size = len(root_prompt(renderer, env, row)[1])
+            if size + max_tokens_per_turn > context_tokens:
+                raise ValueError(
+                    f"{split} row {number} (id {prompt_id(row)!r}) has a prompt of {size} tokens (its system messages, "
+                    f"question and tool schemas as rendered); with one turn of max_tokens_per_turn="
+                    f"{max_tokens_per_turn} it passes the model's {context_tokens} positions: shorten the row or drop "
+                    "it from the file, lower data.max_tokens_per_turn, or use a model with a longer context (with "
+                    "vLLM, raise policy.vllm_max_model_len)")
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()

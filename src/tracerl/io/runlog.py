@@ -15,6 +15,10 @@ run trains, and a second process that asks for it gets `RunInUse` naming the hol
 run (two overlapping `tracerl compare` invocations, a second `tracerl train --resume`) cannot interleave their
 steps in one folder. The kernel drops the lock when its process ends, killed or not: no stale lock to clean up.
 
+Every file here is named through `tracerl.io.run_folder.run_path` and written by its `replacing` (`write_atomic`)
+or `open_append`: a metrics file, lock, trees folder or config that is a symlink is refused (`OutsideRun`, naming it),
+never read or written through, so no run appends to, truncates or reports another's records.
+
 Deliberately not here: plotting and tables (`tracerl.report`), wall-clock-free comparison (callers drop
 `sys/` keys when comparing runs).
 """
@@ -30,6 +34,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tracerl.io.files import decode_utf8
+from tracerl.io.run_folder import open_append, replacing, run_path, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run; it holds that process's pid
@@ -56,15 +63,15 @@ def finished_run(run_dir: str | Path) -> bool | None:
     evals = [r for r in rows if r.get("kind") == "eval"]
     if not train or not evals or train[-1]["step"] != evals[-1]["step"]:
         return False
-    path = Path(run_dir) / "config.json"
-    if not path.exists():
-        return None
     try:
-        cfg = json.loads(path.read_text())["run"]
-    except (OSError, ValueError, KeyError):
+        path = run_path(run_dir, "config.json")
+        if not path.exists():
+            return None
+        cfg = json.loads(decode_utf8(path.read_bytes(), str(path)))["run"]
+        return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), train[-1]["step"],
+                            train[-1].get("rollout/cum_tokens", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # a torn or foreign config
         return False
-    return reached_stop(cfg.get("num_steps", 0), cfg.get("total_token_budget", 0), train[-1]["step"],
-                        train[-1].get("rollout/cum_tokens", 0))
 
 
 def _finite(value: Any) -> Any:
@@ -75,11 +82,11 @@ def _finite(value: Any) -> Any:
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of `run_dir/metrics.jsonl` (a torn last line, from a kill mid-write, is skipped)."""
-    path = Path(run_dir) / METRICS_FILE
+    path = run_path(run_dir, METRICS_FILE)
     if not path.is_file():
         raise ValueError(f"{path} does not exist; is {run_dir} a tracerl run directory?")
     rows = []
-    for line in path.read_text().splitlines():
+    for line in decode_utf8(path.read_bytes(), str(path)).splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
@@ -93,7 +100,7 @@ class RunLog:
     def __init__(self, run_dir: str | Path, tensorboard: bool = False):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / METRICS_FILE
+        self.path = run_path(self.dir, METRICS_FILE)
         self.writer = None
         if tensorboard:
             try:
@@ -101,20 +108,18 @@ class RunLog:
             except ImportError:
                 raise ValueError("run.tensorboard=true needs tensorboardX: pip install tensorboardX, or set "
                                  "run.tensorboard=false") from None
-            self.writer = SummaryWriter(str(self.dir / "tensorboard"))
+            self.writer = SummaryWriter(str(run_path(self.dir, "tensorboard")))
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with row["step"] <= step (and drop a torn last line)."""
         if not self.path.exists():
             return
         kept = [row for row in read_metrics(self.dir) if row["step"] <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in kept).encode())
 
     def write(self, kind: str, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), "kind": kind, **{k: _finite(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
         if self.writer is not None:
@@ -132,26 +137,23 @@ class RunLog:
 
 def write_trees(run_dir: str | Path, step: int, record: dict[str, Any]) -> Path:
     """`record` ({"step", "method", "pool": [...], "trees": [...]}) as gzipped JSON, written then renamed."""
-    directory = Path(run_dir) / TREES_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step-{step:06d}.json.gz"
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+    path = run_path(run_dir, TREES_DIR, f"step-{step:06d}.json.gz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, fsync=False) as raw, gzip.open(raw, "wt", encoding="utf-8") as f:
         json.dump(record, f, separators=(",", ":"))
-    os.replace(tmp, path)
     return path
 
 
 def read_trees(run_dir: str | Path, step: int | None = None) -> dict[str, Any]:
     """The record `write_trees` wrote for `step` (default: the run's last step with trees)."""
-    directory = Path(run_dir) / TREES_DIR
+    directory = run_path(run_dir, TREES_DIR)
     steps = sorted(int(p.name[5:11]) for p in directory.glob("step-*.json.gz")) if directory.is_dir() else []
     if not steps:
         raise ValueError(f"{run_dir} has no saved trees; train with run.save_trees=true")
     step = steps[-1] if step is None else step
     if step not in steps:
         raise ValueError(f"{run_dir} has no trees for step {step}; steps with trees: {steps}")
-    with gzip.open(directory / f"step-{step:06d}.json.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(run_path(directory, f"step-{step:06d}.json.gz"), "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -163,9 +165,11 @@ class RunInUse(RuntimeError):
 def run_lock(run_dir: str | Path) -> Iterator[None]:
     """Hold `<run_dir>/.lock` exclusively for the block (made with the folder if need be); `RunInUse` if another
     process holds it. flock(2) locks belong to the open file, so a second holder in the same process is refused too."""
-    path = Path(run_dir) / LOCK_FILE
+    path = run_path(run_dir, LOCK_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    # read and write, created if need be, never through a symlink (the file it leads to would get our pid)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "r+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -18,6 +18,11 @@ trainer and the embedded policy's warm start run it unchanged.
   out or returns anything else makes the leaf fail: `step` raises `RewardError`, which the driver turns into a
   failed leaf and counts (`rollout/reward_errors` or `rollout/reward_timeouts`, and `rollout/env_exceptions`); the
   run goes on.
+- Tools and state factories (`make_state`, `close_state`) run in the task's `ToolRunner` (`tracerl.io.task_tools`):
+  by default in worker processes, a call past `tool_timeout_s` killed with its worker and everything it started,
+  its text cut to `max_tool_output_chars` where it runs. A tool that times out, raises or dies is an error observation
+  the model sees (counted: `rollout/tool_errors`, and `rollout/tool_timeouts`); a `make_state` that fails raises
+  `EpisodeError` from `reset`.
 - Everything that can be checked at load is: rows and message shapes, tool schemas, the reward's signature, and,
   when the method branches, that every stateful tool declares how it branches and that replayed tools give the
   same observations on the expert's calls. An exception while importing the task names the file and line.
@@ -46,6 +51,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -53,54 +59,43 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool, call_tool, parse_action
-from tracerl.io.env import StepResult
-from tracerl.io.rows import check_row
+from tracerl.io.actions import Tool, call_tool, nesting_depth, parse_action
+from tracerl.io.env import EpisodeError, StepResult
+from tracerl.io.rows import check_ids, check_row, non_finite, read_row_file
 from tracerl.io.rewards import RewardError, RewardPool, score_of  # noqa: F401 (RewardError, score_of: public here)
-from tracerl.io.task_tools import (STATE_KINDS, ToolOutput, UserTool, make_tool,  # noqa: F401 (public here too)
-                                   schema_from_function, tool)
+from tracerl.io.task_tools import (STATE_KINDS, ToolOutput, ToolRunner, UserTool,  # noqa: F401 (public here too)
+                                   make_tool, schema_from_function, tool)
+from tracerl.io.user_code import CallFailed, CallTimeout, ResultNotSent
 
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
+MAX_ROW_DEPTH = 64  # levels of lists and objects in a row; deeper fails at load
 
 
 # ---------------------------------------------------------------- rows
 
-def _read_file(path: Path) -> list[Any]:
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ValueError(f"reading {path} needs pyarrow: pip install pyarrow (or write the rows as JSONL)") from None
-        return pq.read_table(path).to_pylist()
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: unknown file type {path.suffix!r}; use .parquet or .jsonl")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not JSON ({err.msg}); write one JSON object per line") from None
-    return rows
-
-
 def load_rows(paths: Sequence[str | Path], split: str) -> list[dict[str, Any]]:
     """Rows of `split` from parquet/JSONL files in verl's layout, checked; `extra_info.split`/`index` filled in."""
     rows: list[dict[str, Any]] = []
+    wheres: list[str] = []
     for path in map(Path, paths):
         if not path.is_file():
             raise ValueError(f"data file {path} does not exist; check data.{split}_files or the task's "
                              f"{split}_files (relative paths start at the working directory), or generate it first")
-        for number, row in enumerate(_read_file(path), 1):
+        for number, row in enumerate(read_row_file(path), 1):
             where = f"{path} row {number}"
+            if nesting_depth(row, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:  # deep copies and JSON of it would recurse
+                raise ValueError(f"{where} nests deeper than {MAX_ROW_DEPTH} levels of lists and objects; flatten "
+                                 "its fields (extra_info, the ground truth)")
             row = check_row(row, where)  # fields, message shapes and types (tracerl.io.rows)
             prompt, reward_model = row["prompt"], row["reward_model"]
             extra = dict(row.get("extra_info") or {})
             extra.setdefault("index", len(rows))
             rows.append({**row, "data_source": str(row.get("data_source") or "task"), "prompt": list(prompt),
                          "reward_model": dict(reward_model), "extra_info": {**extra, "split": split}})
+            wheres.append(where)
     if not rows:
         raise ValueError(f"data.{split}_files={list(map(str, paths))} hold no rows")
+    check_ids(rows, wheres)
     return rows
 
 
@@ -127,6 +122,9 @@ class UserTask:
     reward_timeout_s: float = 60.0  # a reward call running longer fails its leaf (counted); 0: no timeout
     reward_workers: int = 4  # reward calls of one batch of turns run at once in this many workers
     reward_pool: str = "thread"  # "thread", "process" (CPU-bound or hang-prone rewards) or "none" (inline, no timeout)
+    tool_timeout_s: float = 10.0  # a tool call, make_state or close_state running longer is stopped (and counted)
+    max_tool_output_chars: int = 100_000  # a tool's text is cut to this where it runs, before it is sent back
+    tool_isolation: str = "process"  # "process": in worker processes, killed at the deadline; "thread": in this process
     # named features of a history's state for the success predictor (Domain.state_features: read the history only,
     # never the gold answer); None: the predictor reads the text alone
     state_features: Callable[[History], dict[str, float]] | None = None
@@ -163,33 +161,45 @@ def _difference(first: str, again: str) -> str:
 class UserTaskEnv:
     """One episode of a `UserTask`; the Environment protocol of `tracerl.io.env`."""
 
-    def __init__(self, task: UserTask, tools: dict[str, UserTool], rewards: RewardPool | None = None) -> None:
+    def __init__(self, task: UserTask, tools: dict[str, UserTool], rewards: RewardPool | None = None,
+                 tool_runner: ToolRunner | None = None) -> None:
         self.task, self.user_tools = task, tools
         self.rewards = rewards or RewardPool(_reward_functions(task), task.reward_weights, pool="none")
+        self.tool_runner = tool_runner or _tool_runner(task, tools)
         self.row: dict[str, Any] = {}
         self.state: Any = None
         self.calls: list[tuple[str, dict[str, Any], str]] = []  # (tool, arguments, observation) in order
         self.transcript: list[str] = []
         self._pending: tuple[str, Any] | None = None  # (answer action, reward call started by `prefetch`)
         self._meta: dict[str, Any] = {}  # what the last tool call leaves on its node (a step reward)
+        self._timed_out = False  # the last tool call ran past its deadline
         kinds = {t.state for t in tools.values() if t.takes_state}
         self.mode = "replay" if "replay" in kinds else "copy" if kinds == {"copy"} else "none"
         self.undeclared = sorted(n for n, t in tools.items() if t.takes_state and not t.state)
 
     def _table(self) -> dict[str, Tool]:
         def bound(t: UserTool) -> Tool:
-            def run(**kw: Any) -> Any:
-                out = t.tool.fn(self.state, **kw) if t.takes_state else t.tool.fn(**kw)
-                if isinstance(out, ToolOutput):
-                    self._meta = {"tool_reward": out.reward, **({"tool_metrics": out.metrics} if out.metrics else {})}
-                return out
+            def run(**kw: Any) -> str:
+                try:
+                    text, self._meta, self.state = self.tool_runner.call(t.tool.name, self.state, kw)
+                except CallTimeout:
+                    self._timed_out = True
+                    raise
+                return text
             return Tool(t.tool.name, t.tool.description, t.tool.parameters, run)
         return {name: bound(t) for name, t in self.user_tools.items()}
 
     def reset(self, row: dict[str, Any]) -> str:
         self.close()
         self.row, self.calls, self.transcript, self._pending = row, [], [], None
-        self.state = self.task.make_state(row) if self.task.make_state else None
+        if self.task.make_state:
+            try:
+                self.state = self.tool_runner.new_state(row)
+            except CallFailed as err:
+                hint = ("; under tool_isolation='process' it runs in a worker process and its state must pickle: "
+                        "keep a path or plain data in it, or set tool_isolation='thread'"
+                        if isinstance(err, ResultNotSent) else "")
+                raise EpisodeError(f"the task's make_state(row) failed: {err}{hint}") from None
         return row["prompt"][-1]["content"]
 
     def tools(self) -> list[dict[str, Any]]:
@@ -220,13 +230,14 @@ class UserTaskEnv:
             return StepResult("", True, reward=self.rewards.result(call), info={"answer": parsed.answer})
         if parsed.kind == "invalid":
             return StepResult(f"error: {parsed.error}", False, tool_error=True, info={"error": "format"})
-        self._meta = {}
+        self._meta, self._timed_out = {}, False
         observation, failed = call_tool(self._table(), parsed)
         if parsed.name in self.user_tools:
             self.calls.append((parsed.name, copy.deepcopy(parsed.arguments), observation))
         self.transcript.append(observation)
         return StepResult(observation, False, tool_error=failed,
-                          info={"tool": parsed.name, **({"meta": self._meta} if self._meta else {})})
+                          info={"tool": parsed.name, **({"meta": self._meta} if self._meta else {}),
+                                **({"tool_timeout": True} if self._timed_out else {})})
 
     def snapshot(self) -> Any:
         calls, transcript = list(self.calls), list(self.transcript)
@@ -257,16 +268,25 @@ class UserTaskEnv:
                                      "state='replay' must be deterministic given its earlier calls")
         self.calls, self.transcript = list(snapshot["calls"]), list(snapshot["transcript"])
 
-    def close(self) -> None:
-        if self.state is not None and self.task.close_state:
-            self.task.close_state(self.state)
-        self.state = None
+    def close(self, wait: bool = True) -> None:
+        """Free the episode's state (`close_state`); `wait=False` only starts it (see `ToolRunner.free_state`)."""
+        state, self.state = self.state, None
+        if state is not None and self.task.close_state:
+            try:
+                self.tool_runner.free_state(state, wait=wait)
+            except CallFailed as err:  # the episode is over either way; the user sees why its state may remain
+                warnings.warn(f"the task's close_state failed: {err}", UserWarning, stacklevel=2)
 
     def __del__(self) -> None:
         try:
-            self.close()
+            self.close(wait=False)  # never block in a finaliser: it may run inside a tool call's worker thread
         except Exception:  # interpreter shutdown: nothing left to free
             pass
+
+
+def _tool_runner(task: UserTask, tools: dict[str, UserTool]) -> ToolRunner:
+    return ToolRunner(tools, task.make_state, task.close_state, timeout_s=task.tool_timeout_s,
+                      max_output_chars=task.max_tool_output_chars, isolation=task.tool_isolation)
 
 
 def _reward_functions(task: UserTask) -> list[Callable[..., Any]]:
@@ -312,6 +332,7 @@ class UserTaskDomain:
                                   pool=task.reward_pool, timeout_s=task.reward_timeout_s)
         tools = [make_tool(fn) for fn in task.tools]
         self.tools = {t.tool.name: t for t in tools}
+        self.tool_runner = _tool_runner(task, self.tools)  # checks tool_timeout_s, max_tool_output_chars, tool_isolation
         if len(self.tools) != len(tools):
             raise ValueError(f"two tools share a name: {[t.tool.name for t in tools]}")
         if any(t.takes_state for t in tools) and task.make_state is None:
@@ -335,6 +356,11 @@ class UserTaskDomain:
     def reward_counts(self) -> dict[str, int]:
         """Reward calls so far, and how many failed (`errors`) or ran out of time (`timeouts`)."""
         return dict(self.rewards.counts)
+
+    @property
+    def tool_counts(self) -> dict[str, int]:
+        """Tool calls that ran so far, and how many raised or died (`errors`) or ran out of time (`timeouts`)."""
+        return dict(self.tool_runner.counts)
 
     def check_replay(self, rows: Sequence[dict[str, Any]], max_turns: int = 8) -> None:
         """Play the expert on `rows` without scoring, replay its calls in a fresh episode and compare, so a replayed
@@ -370,7 +396,7 @@ class UserTaskDomain:
         return copy.deepcopy(self._rows[split][:num])
 
     def make_env(self) -> UserTaskEnv:
-        return UserTaskEnv(self.task, self.tools, self.rewards)
+        return UserTaskEnv(self.task, self.tools, self.rewards, self.tool_runner)
 
     def expert_turn(self, row: dict[str, Any], turns: Sequence[tuple[str, str]], rng: np.random.Generator) -> str:
         if self.task.expert is None:
@@ -389,9 +415,12 @@ class UserTaskDomain:
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """The reward of a task given by files alone: 1.0 iff the answer equals the ground truth, ignoring case,
-    surrounding spaces and a final period."""
+    surrounding spaces and a final period. A NaN or infinite ground truth matches nothing (its text "nan" or "inf"
+    would match those answers)."""
     def norm(text: Any) -> str:
         return " ".join(str(text).lower().split()).rstrip(".")
+    if non_finite(ground_truth) or (isinstance(ground_truth, list) and any(map(non_finite, ground_truth))):
+        return 0.0
     return float(norm(solution_str) == norm(ground_truth))
 
 

@@ -7,24 +7,40 @@ paragraph describes the tool; `name: text` lines under `Args:` describe paramete
 `tuple[A, B]` `prefixItems`, `dict[str, T]` `additionalProperties`, a Literal or an Enum class is an `enum` of its
 values (an Enum parameter receives the member). Or an explicit schema (`tool(fn, schema=...)`). A leading `state`
 parameter is the episode's state, never shown to the model; `tool(state="copy" | "replay")` says how it branches
-(`tracerl.io.task`). A tool may return a `ToolOutput` to leave a step reward on its turn.
+(`tracerl.io.task`). A tool may return a `ToolOutput` to leave a step reward on its turn. A schema nesting deeper
+than `MAX_SCHEMA_DEPTH` fails at load (every walk over it is then bounded).
 
-Deliberately not here: running tools (`tracerl.io.actions.call_tool`), episodes and branching (`tracerl.io.task`).
+`ToolRunner` runs a task's tools and state factories in `tracerl.io.user_code.Runner`, the runner of all user code:
+with `isolation="process"` (the default) in two worker processes forked from the trainer at the first call, which
+hold the functions from that fork (closures work) and get the state and arguments pickled; a call past `timeout_s`
+is killed with its worker and everything the worker started, and the worker replaced. With "thread" a call runs in
+this process and is abandoned at the deadline. What a tool returns is cut to `max_output_chars` where it runs,
+before it is sent back; a step reward that is not a finite number is a failed call. `counts` has the calls, errors
+and timeouts.
+
+Deliberately not here: checking arguments and phrasing errors (`tracerl.io.actions.call_tool`), episodes and
+branching (`tracerl.io.task`).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import re
+import threading
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tracerl.io.actions import Tool
+from tracerl.io.actions import Tool, nesting_depth
+from tracerl.io.user_code import CallFailed, CallTimeout, Runner, describe, finite_number
 
 STATE_KINDS = ("copy", "replay")
+ISOLATIONS = ("process", "thread")
+MAX_SCHEMA_DEPTH = 64  # levels of objects and lists in a tool's schema
 _JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", tuple: "array",
               dict: "object", type(None): "null"}
 _JSON_SCALAR = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
@@ -163,6 +179,10 @@ def make_tool(fn: Callable[..., Any]) -> UserTool:
         params = list(inspect.signature(fn).parameters)
         takes_state = bool(params) and params[0] == "state"
     function = schema["function"]
+    depth = nesting_depth(function, MAX_SCHEMA_DEPTH)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"tool {function['name']!r}: its schema nests deeper than {MAX_SCHEMA_DEPTH} levels of "
+                         "objects and lists; no model reads such a schema: flatten it")
     parameters = function.get("parameters") or {"type": "object", "properties": {}, "required": []}
     return UserTool(Tool(function["name"], function.get("description", ""), parameters, _with_enums(fn)),
                     takes_state, marks.get("state", ""))
@@ -194,3 +214,89 @@ class ToolOutput:
 
     def __str__(self) -> str:
         return self.text
+
+
+def _call(fn: Callable[..., Any], takes_state: bool, give_state: bool, state: Any, arguments: dict[str, Any],
+          max_chars: int) -> tuple[str, dict[str, Any], Any]:
+    """One tool call where it runs (a worker process, or a thread): (observation cut to `max_chars`, what it leaves
+    on its node, the state after it when `give_state`)."""
+    out = fn(state, **arguments) if takes_state else fn(**arguments)
+    meta: dict[str, Any] = {}
+    if isinstance(out, ToolOutput):
+        reward = None if out.reward is None else finite_number(out.reward)
+        if out.reward is not None and reward is None:
+            raise ValueError(f"it returned a step reward of {describe(out.reward)}; a ToolOutput's reward must be a "
+                             "finite number or None")
+        meta = {"tool_reward": reward, **({"tool_metrics": dict(out.metrics)} if out.metrics else {})}
+    text = str(out)
+    if len(text) > max_chars:
+        text = f"{text[:max_chars]} [cut: the tool returned {len(text)} characters; max_tool_output_chars={max_chars}]"
+    return text, meta, state if give_state else None
+
+
+class ToolRunner:
+    """A task's tool calls and state factories under one deadline and output cap (module docstring)."""
+
+    def __init__(self, tools: dict[str, UserTool], make_state: Callable[..., Any] | None = None,
+                 close_state: Callable[..., Any] | None = None, *, timeout_s: float = 10.0,
+                 max_output_chars: int = 100_000, isolation: str = "process") -> None:
+        if finite_number(timeout_s) is None or timeout_s <= 0:
+            raise ValueError(f"tool_timeout_s={timeout_s!r} must be a finite number of seconds > 0 (the deadline of "
+                             "every tool call, make_state and close_state); raise it for slow tools")
+        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) or max_output_chars < 1:
+            raise ValueError(f"max_tool_output_chars={max_output_chars!r} must be an int >= 1 (a tool's text beyond "
+                             "it is cut where the tool runs)")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"tool_isolation={isolation!r}; use 'process' (worker processes, killed at a call's "
+                             "deadline) or 'thread' (in this process, for tools that need its threads)")
+        self.timeout_s, self.max_output_chars, self.isolation = timeout_s, max_output_chars, isolation
+        # Python state comes back after each call; "replay" state lives outside Python, where its changes stay
+        self._entries = {name: functools.partial(_call, t.tool.fn, t.takes_state, t.takes_state and t.state != "replay")
+                         for name, t in tools.items()}
+        self.make_state, self.close_state = make_state, close_state
+        inherited = [*self._entries.values(), *(f for f in (make_state, close_state) if f is not None)]
+        self.runner = Runner(isolation, workers=2, timeout_s=timeout_s, label="tool", inherited=inherited)
+        self.counts = {"calls": 0, "errors": 0, "timeouts": 0}
+        self._lock = threading.Lock()
+
+    def call(self, name: str, state: Any, arguments: dict[str, Any]) -> tuple[str, dict[str, Any], Any]:
+        """(observation, node meta, state after the call: the one sent back for Python state under "process", else
+        `state`); raises CallFailed / CallTimeout, counted."""
+        entry = self._entries[name]
+        try:
+            text, meta, after = self.runner.call(entry, state, arguments, self.max_output_chars)
+        except CallFailed as err:
+            self._count("timeouts" if isinstance(err, CallTimeout) else "errors")
+            raise
+        self._count(None)
+        return text, meta, after if entry.args[2] else state
+
+    def new_state(self, row: dict[str, Any]) -> Any:
+        """make_state(row) under the tools' deadline; raises CallFailed / CallTimeout."""
+        assert self.make_state is not None, "the task has no make_state"
+        return self.runner.call(self.make_state, row)
+
+    def free_state(self, state: Any, wait: bool = True) -> None:
+        """close_state(state) under the tools' deadline; raises CallFailed / CallTimeout. With `wait=False` (from a
+        `__del__`, which must not block: it may run in any thread, a worker thread of this runner too) the call is
+        only started, and a failure is a warning."""
+        if self.close_state is None:
+            return
+        if wait:
+            self.runner.call(self.close_state, state)
+            return
+
+        def report(future: Any) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                warnings.warn(f"the task's close_state failed: {future.exception()}", UserWarning, stacklevel=2)
+        self.runner.submit(self.close_state, state).add_done_callback(report)
+
+    def close(self) -> None:
+        """Kill the worker processes (and what their calls left running); a later call starts fresh ones."""
+        self.runner.close()
+
+    def _count(self, failure: str | None) -> None:
+        with self._lock:
+            self.counts["calls"] += 1
+            if failure:
+                self.counts[failure] += 1

@@ -22,13 +22,15 @@ state there across calls, as in verl. The observation is the response's text. Th
 appended to `agent_data.tool_rewards` (as verl does) and kept on the turn's node (`meta["tool_reward"]`), not added to
 the leaf's reward: verl 0.9.1 also only carries it (`extra_fields["tool_rewards"]`) unless a reward function reads
 it, and a tree's advantages must come from one reward. The coroutines run on one event loop thread per tool set,
-so a tool's async resources live on one loop, as in verl. `BaseTool` tools keep their state outside tracerl (in
+so a tool's async resources live on one loop, as in verl; so the tools run in this process
+(`UserTask.tool_isolation="thread"`): a call past `tool_timeout_s` is an error observation, but is not killed. `BaseTool` tools keep their state outside tracerl (in
 the instance or in `agent_data`), so they are `state="replay"` tools: a continuation makes a fresh `agent_data`,
 replays the prefix's calls in order (which rebuilds `extra_fields`) and checks each gives the observation it gave
 before. The reward sees the whole transcript (`UserTask.solution="transcript"`), as verl's reward sees the decoded
 response.
 
-Bad files fail here, at load, naming the file, the entry and the fix. Deliberately not here: MCP tools, images in
+Bad files fail here, at load, naming the file, the entry and the fix (a tool config with YAML anchors or aliases
+included: `load_yaml`). Deliberately not here: MCP tools, images in
 tool responses, `agent_data.messages` growing with the conversation (it holds the row's prompt; verl appends each
 turn), and reading the verl Hydra config (`tracerl.integrations.verl` does).
 """
@@ -216,20 +218,40 @@ def _function_call(entry: Any, loop: EventLoopThread, normalize: Callable[[Any],
     return call
 
 
+def load_yaml(text: str, label: str) -> Any:
+    """The YAML document `text` (read by PyYAML's safe loader) without anchors and aliases: an alias repeats its
+    anchor's value wherever it is written, so nine aliases nested six deep spell half a million copies of a string,
+    built when the schema is rendered. A file with an alias is refused naming `label` and the line."""
+    try:
+        import yaml  # installed with verl (omegaconf needs it); not a dependency of tracerl itself
+    except ImportError:
+        raise ValueError(f"reading {label} needs PyYAML: pip install pyyaml") from None
+
+    class WithoutAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise ValueError(f"{label} uses the YAML alias *{str(event.anchor)[:40]} (line "
+                                 f"{event.start_mark.line + 1}); anchors and aliases are refused in a tool config "
+                                 "(nested ones expand without bound): write the value out where it is used")
+            return super().compose_node(parent, index)
+
+    loader = WithoutAliases(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ValueError(f"{label} is not YAML: {err}") from None
+    finally:
+        loader.dispose()
+
+
 def load_verl_tools(path: str | Path) -> list[Callable[..., Any]]:
     """The tools of a verl tool config file as `tool`-marked functions (state="replay", taking the episode state)."""
     path = Path(path)
     label = f"tool config {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
     if not path.is_file():
         raise ValueError(f"{label} does not exist; check the path (relative paths start at the working directory)")
-    try:
-        import yaml  # installed with verl (omegaconf needs it); not a dependency of tracerl itself
-    except ImportError:
-        raise ValueError(f"reading {label} needs PyYAML: pip install pyyaml") from None
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{label} is not YAML: {err}") from None
+    document = load_yaml(path.read_text(), label)
     entries = document.get("tools") if isinstance(document, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{label} needs a non-empty list `tools: [{{class_name, config, tool_schema}}, ...]`")
@@ -303,6 +325,7 @@ def verl_task(tool_config_path: str = "", reward_path: str = "", reward_name: st
     tools = native + (load_function_tools(function_tool_path) if function_tool_path else [])
     task = UserTask(tools=tools, compute_score=compute_score, train_files=tuple(train_files),
                     test_files=tuple(test_files), make_state=_episode_state if native else None,
-                    solution="transcript", name="verl_task")
+                    solution="transcript", name="verl_task",
+                    tool_isolation="thread")  # the tools' coroutines run on this process's event-loop thread
     return UserTaskDomain(task, source=f"verl:{tool_config_path}:{function_tool_path}:{reward_path}:{reward_name}",
                           need_rows=bool(train_files))

@@ -71,6 +71,7 @@ from tracerl.io.domains.base import Domain
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
 from tracerl.io.driver import DriverLimits
 from tracerl.io.env import EpisodeError
+from tracerl.io.run_folder import run_path, write_atomic
 from tracerl.io.tokenizer import train_tokenizer
 from tracerl.policy.embedded_config import BUILD_VERSION, KEYLESS_DEFAULTS, EmbeddedConfig  # noqa: F401 (public here)
 from tracerl.policy.evaluation import evaluate_rows
@@ -135,12 +136,10 @@ def run_provenance(model: torch.nn.Module | dict[str, torch.Tensor], source: str
 
 def write_provenance(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
     """`<run_dir>/provenance.json`, written once: a resumed run keeps the record of the weights it started from."""
-    path = Path(run_dir) / PROVENANCE_FILE
+    path = run_path(run_dir, PROVENANCE_FILE)  # a symlink there is refused, never followed
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(provenance, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(provenance, indent=1).encode())
     return path
 
 

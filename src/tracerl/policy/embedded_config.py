@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tracerl.io.boundary import listing
 from tracerl.io.domains.multihop import MultiHopDomain
 from tracerl.io.driver import DriverLimits
 
@@ -74,7 +75,7 @@ class EmbeddedConfig:
     def from_dict(cls, data: dict[str, Any]) -> EmbeddedConfig:
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown EmbeddedConfig field(s) {sorted(unknown)}")
+            raise ValueError(f"unknown EmbeddedConfig field(s) {listing(unknown)}")
         tuples = {k: tuple(data[k]) for k in ("hops", "hop_mix", "warmup_hop_mix", "missing_kinds") if k in data}
         return cls(**{**data, **tuples})
 

@@ -46,6 +46,7 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
         "eval/total_tokens": sum(len(tree.prefix_token_ids(i)) for tree in trees for i in tree.leaves()),
         "eval/answered": float(np.mean([n.finish_reason == "answer" for n in leaves])),
         "eval/tool_errors": driver.counters["rollout/tool_errors"],
+        "eval/tool_timeouts": driver.counters["rollout/tool_timeouts"],  # a user's tool calls stopped at the deadline
         # leaves failed by the environment, not the model: a user's reward that raised or timed out, among others
         "eval/failed_rollouts": sum(n.finish_reason == "error" for n in leaves),
         "eval/reward_calls": driver.counters["rollout/reward_calls"],

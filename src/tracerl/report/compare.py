@@ -53,6 +53,8 @@ from tracerl.core.stats import (
     seed_mean,
     share_to_reach,
 )
+from tracerl.io.files import read_utf8
+from tracerl.io.run_folder import run_path
 from tracerl.io.runlog import finished_run, read_metrics, read_trees
 
 Say = Callable[[str], None]
@@ -93,8 +95,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
 def read_provenance(run_dir: Path) -> dict[str, Any] | None:
     """The run's `provenance.json` (starting weights hash, torch version, machine), or None for a run without one."""
-    path = run_dir / PROVENANCE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    path = run_path(run_dir, PROVENANCE_FILE)  # a symlink there is refused, not read as this run's record
+    return json.loads(read_utf8(path)) if path.exists() else None
 
 
 def check_same_weights(runs: dict[str, list[dict]]) -> dict[str, Any]:
@@ -130,10 +132,10 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
     from tracerl.core.methods import get_method
     from tracerl.core.tree import Tree
 
-    config_path = run_dir / "config.json"
+    config_path = run_path(run_dir, "config.json")
     if not config_path.exists():
         return
-    config = json.loads(config_path.read_text())
+    config = json.loads(read_utf8(config_path))
     known = {f.name for f in dataclasses.fields(AdvantageConfig)}
     adv_config = AdvantageConfig(**{k: v for k, v in config.get("advantages", {}).items() if k in known})
     estimator = get_method(config["method"]).advantage

@@ -29,6 +29,8 @@ import numpy as np
 
 from tracerl.core.calibration import calibration_metrics, expand_soft_targets, reliability
 from tracerl.core.tree import Tree
+from tracerl.io.files import read_utf8
+from tracerl.io.run_folder import replacing, run_path, write_atomic
 from tracerl.io.runlog import read_metrics, read_trees
 from tracerl.report.view import tree_steps
 
@@ -47,8 +49,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} is not a directory; pass a run directory written by `tracerl train`")
     rows = read_metrics(run_dir)
-    config_path = run_dir / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config_path = run_path(run_dir, "config.json")  # a symlink there is refused, not read as this run's
+    config = json.loads(read_utf8(config_path)) if config_path.is_file() else {}
     try:
         steps = tree_steps(run_dir)
     except ValueError:
@@ -157,7 +159,8 @@ def _finish(ax, xlabel: str, ylabel: str, title: str, ylim, legend: bool = True)
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(run_path(path.parent, path.name), fsync=False) as f:  # never through a symlink
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -276,6 +279,6 @@ def write_run_report(run_dir: str | Path) -> Path:
     run = read_run(run_dir)
     figures = plot_run(run, run_dir)
     calibration = calibration_summary(run["predictions"]) if len(run["predictions"]) else {}
-    path = run_dir / REPORT_FILE
-    path.write_text(to_markdown(run, figures, calibration) + "\n")
+    path = run_path(run_dir, REPORT_FILE)
+    write_atomic(path, (to_markdown(run, figures, calibration) + "\n").encode())
     return path

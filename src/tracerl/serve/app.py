@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.io.boundary import parse_int
 
 from .limits import ServeLimits
 from .request import BadRequest, CompletionRequest, parse_completion
@@ -168,8 +169,13 @@ class _BodyLimit:
         message = (f"request body exceeds the limit of {self.max_bytes} bytes (max_body_bytes); send fewer or "
                    "shorter prompts, or restart the server with a larger --max-body-mb")
         length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await _error(400, message)(scope, receive, send)
+        if length is not None:  # uvicorn's parsers check it too; another ASGI server might not
+            try:
+                announced = parse_int(length.decode("latin-1"), "header Content-Length", BadRequest)
+            except BadRequest as err:
+                return await _error(400, str(err))(scope, receive, send)
+            if announced > self.max_bytes:
+                return await _error(400, message)(scope, receive, send)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         chunks, size, more = [], 0, True

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from tracerl.engines.tensors import tensor_problem
+from tracerl.io.boundary import listing
 
 
 class WeightsError(ValueError):
@@ -53,8 +54,8 @@ def misfit(expected: dict[str, torch.Tensor], state: object) -> str:
     """'' when `state` has exactly `expected`'s keys, each a dense, finite, real floating tensor of the same shape."""
     if not isinstance(state, dict):
         return f"the file holds a {type(state).__name__}, not a state dict"
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected), key=str)
+    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
     if missing or unexpected:
-        return f"missing {missing[:5]}, unexpected {[str(k)[:80] for k in unexpected[:5]]}"
+        return f"missing {listing(missing)}, unexpected {listing(unexpected)}"
     problems = [f"{k}: {p}" for k, v in expected.items() if (p := tensor_problem(state[k], v))]
     return f"{len(problems)} tensors do not fit: {problems[:5]}" if problems else ""

@@ -19,10 +19,20 @@ intact, the error names each file and the fix. `latest` must name a step folder 
 symlink); anything else is skipped the same way. Temporary folders (`.step-*`) left by a killed save are removed
 by the next save.
 
+The run folder is the run's own (`tracerl.io.run_folder`): `checkpoints/` must not be a symlink (load and save
+refuse it, naming the fix), `latest` holds only a step folder's name (`step-NNNNNN`, no path), and no save deletes
+through a symlink: a step folder that is one is unlinked when that step is saved again, never `rmtree`d, and
+retention and the clearing of temporaries leave what a link leads to alone. `config.json` and `latest` are written
+by `write_atomic`, so a planted temporary or a linked target is never written through.
+
 Config: a resume must run with the config the checkpoint was saved with, up to the keys the caller allows to
-change (`tracerl.train.config.RESUMABLE_CHANGES`); `load` refuses any other difference and names the keys. The resume's
-config is the one given to `load`, else the run's `config.json` (which the trainer compares with its own config
-before resuming); a run whose `config.json` is gone is refused, since nothing then says which config resumes.
+change (`tracerl.train.config.RESUMABLE_CHANGES`); `load` refuses any other difference, naming the keys (five, then
+a count) and the fix. The resume's config is the one given to `load` (a training resume gives the config it trains
+with, so a run whose `config.json` is gone is still held to what was trained), else the run's `config.json`; with
+neither, the resume is refused, since nothing then says which config resumes.
+
+The model's state dict must hold the model's dtypes: `load_state_dict` checks names and shapes but would copy a
+float16 or float64 tensor into a float32 model silently, so another dtype is refused naming the key.
 
 With LoRA the model's state dict holds the frozen base weights and the adapters under peft's names
 (`...q_proj.base_layer.weight`, `...q_proj.lora_A.default.weight`); it loads into a model built from the same config.
@@ -36,6 +46,7 @@ of them (they are refused: their manifest does not list `config.json`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -52,9 +63,12 @@ import numpy as np
 import torch
 
 from tracerl.core.predictor import Predictor
+from tracerl.io.boundary import listing
 from tracerl.io.config import parse_json
+from tracerl.io.files import check_depth, decode_utf8, too_deep
+from tracerl.io.run_folder import OutsideRun, remove, run_path, write_atomic
 from tracerl.io.state import fsync_dir, load_state, save_state
-from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, config_changes
+from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, as_saved_today, config_changes
 
 MODEL_FILE, OPTIMIZER_FILE, PREDICTOR_FILE, TRAINER_FILE = "model.pt", "optimizer.pt", "predictor.npz", "trainer.npz"
 CONFIG_FILE = "config.json"  # in a checkpoint, and the run's own resolved config (`save_config`)
@@ -106,11 +120,13 @@ def _read_capped(path: Path, limit: int) -> bytes:
 def read_json(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
     """A small JSON file read strictly: a regular file, at most `limit` bytes, UTF-8, no repeated key, no NaN or
     Infinity, bounded nesting. ValueError (or OSError) says what is wrong."""
-    text = _read_capped(path, limit).decode("utf-8")
+    text = decode_utf8(_read_capped(path, limit), str(path))
     try:
-        return parse_json(text)
-    except RecursionError:
-        raise ValueError("it is nested too deeply") from None
+        data = parse_json(text)
+    except RecursionError:  # deeper than the parser's stack: far deeper than the limit
+        raise too_deep(str(path)) from None
+    check_depth(data, str(path))
+    return data
 
 
 def _digest(f: BinaryIO) -> str:
@@ -164,9 +180,9 @@ def verify(folder: Path) -> str:
     missing = [name for name in expected if name not in files]
     if missing:
         return f"{manifest} does not list {missing}, which loading reads (a checkpoint lists {list(expected)})"
-    unread = sorted(set(files) - set(expected))
+    unread = set(files) - set(expected)
     if unread:
-        return f"{manifest} lists {unread}, which loading never reads (a checkpoint lists {list(expected)})"
+        return f"{manifest} lists {listing(unread)}, which loading never reads (a checkpoint lists {list(expected)})"
     for name in expected:
         path = folder / name
         try:
@@ -210,22 +226,28 @@ def _check_config(path: Path, run_dir: Path, config: Mapping[str, Any] | None, m
                                   "with the config the checkpoint was saved with") from None
     if not isinstance(saved, dict) or not isinstance(config, Mapping):
         raise CheckpointError(f"{path / CONFIG_FILE} or this run's config is not a JSON object")
-    changed = config_changes(saved, config, may_change, defaults)
+    changed = config_changes(as_saved_today(saved), as_saved_today(config), may_change, defaults)
     if changed:
-        shown = changed[:12] + ([f"... {len(changed) - 12} more"] if len(changed) > 12 else [])
-        raise CheckpointError(f"checkpoint {path} was saved with a config that differs from this run's in {shown}; "
-                              f"resume with --config {path / CONFIG_FILE}"
+        raise CheckpointError(f"checkpoint {path} was saved with a config that differs from this run's in "
+                              f"{listing(changed)}; resume with the config it was saved with (--config "
+                              f"{path / CONFIG_FILE}), or start a new run with another --out"
                               + (f" (only {', '.join(may_change)} may change)" if may_change else ""))
 
 
 def save_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     """The resolved config as `<run>/config.json` (atomic replace)."""
-    path = Path(run_dir) / CONFIG_FILE
+    path = _inside(run_dir, CONFIG_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(config, indent=1).encode())
     return path
+
+
+def _inside(run_dir: str | Path, name: str) -> Path:
+    """`run_dir/name` (`tracerl.io.run_folder.run_path`); CheckpointError when it is a symlink."""
+    try:
+        return run_path(run_dir, name)
+    except OutsideRun as err:
+        raise CheckpointError(str(err)) from None
 
 
 # ---------------------------------------------------------------- save
@@ -241,6 +263,7 @@ def save(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torc
     """Write checkpoint `step`; returns its folder. `config`: the run's resolved config (None: the run's
     `config.json`, which `run_training` writes before the first step; `{}` when there is none)."""
     run_dir = Path(run_dir)
+    root = _inside(run_dir, "checkpoints")
     if config is None:
         try:
             config = read_json(run_dir / CONFIG_FILE)
@@ -249,10 +272,10 @@ def save(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torc
         except (OSError, ValueError) as err:
             raise CheckpointError(f"{run_dir / CONFIG_FILE} is unreadable ({err}); a checkpoint records the "
                                   "run's config") from None
-    root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".step-*"):  # left by a save that was killed; no save runs concurrently in one run
-        shutil.rmtree(stale, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove(stale)  # a symlink is unlinked, what it leads to left alone
     final = root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
@@ -269,17 +292,15 @@ def save(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torc
         for name in (MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE):
             _fsync_file(tmp / name)
         write_manifest(tmp)  # last: a folder with a manifest is a complete one
-        if final.exists():  # a step re-run after a resume: replace its old checkpoint
-            shutil.rmtree(final)
+        remove(final)  # a step re-run after a resume replaces its old checkpoint (a symlink there: only the link)
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     fsync_dir(root)
-    pointer = root / "latest.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / "latest")
+    write_atomic(root / "latest", (final.name + "\n").encode())
     fsync_dir(root)
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and p != final)
+    done = sorted(p for p in root.glob("step-*")  # real folders only: a symlink is not this run's checkpoint
+                  if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink() and p != final)
     for old in done[:max(len(done) - max(keep - 1, 0), 0)]:  # the one just written is always kept
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -305,7 +326,7 @@ def _pointed(root: Path) -> tuple[str | None, str]:
 def latest(run_dir: str | Path) -> Path | None:
     """The newest intact checkpoint: the one `latest` names, else (with a warning saying why) the newest older
     one that verifies. None before the first save; CheckpointError when none is intact."""
-    root = Path(run_dir) / "checkpoints"
+    root = _inside(run_dir, "checkpoints")
     try:
         named, problem = _pointed(root)
     except FileNotFoundError:
@@ -351,6 +372,21 @@ def load(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Opt
                               f"({run_dir / CONFIG_FILE}) or start a new run directory") from err
 
 
+def _check_dtypes(file: Path, saved: Any, expected: Mapping[str, torch.Tensor]) -> None:
+    """CheckpointError naming the first tensor of `saved` whose dtype is not the model's (names and shapes are
+    `load_state_dict`'s to check: it refuses those, but copies a float16 tensor into a float32 model silently)."""
+    if not isinstance(saved, Mapping):
+        raise CheckpointError(f"{file} holds a {type(saved).__name__}, not a state dict")
+    wrong = [(k, v.dtype, expected[k].dtype) for k, v in saved.items()
+             if k in expected and isinstance(v, torch.Tensor) and v.dtype != expected[k].dtype]
+    if wrong:
+        key, found, want = wrong[0]
+        raise CheckpointError(f"{file} holds {key!r} as {found}, the model's is {want} ({len(wrong)} of its tensors "
+                              f"differ in dtype); the trainer keeps {want} weights (policy.precision sets only the "
+                              f"dtype the forwards compute in), so this checkpoint was written elsewhere: convert "
+                              f"its tensors to {want} and save it again, or start a new run directory")
+
+
 def _load_from(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                predictor: Predictor | None) -> dict[str, Any]:
     """Read the files `loaded_files` names (verified by `latest`), each opened only as a regular file."""
@@ -361,7 +397,9 @@ def _load_from(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
                               "with")
     device = next(model.parameters()).device
     with open_regular(path / MODEL_FILE) as f:
-        model.load_state_dict(torch.load(f, map_location=device, weights_only=True))
+        saved = torch.load(f, map_location=device, weights_only=True)
+    _check_dtypes(path / MODEL_FILE, saved, model.state_dict())  # load_state_dict would convert them silently
+    model.load_state_dict(saved)
     # the optimizer moves each state tensor to its parameter's device; map_location only has to make them loadable
     with open_regular(path / OPTIMIZER_FILE) as f:
         optimizer.load_state_dict(torch.load(f, map_location=device, weights_only=True))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracerl.io.boundary import parse_int
 from tracerl.io.runlog import RunInUse, read_metrics
 from tracerl.report.compare import complete_seeds, run_dir_name, seed_spans, write_report
 from tracerl.train.config import load_config
@@ -80,16 +81,18 @@ def parse_entries(text: str) -> list[tuple[str, str, list[str]]]:
 def parse_seeds(text: str) -> list[int]:
     """"5" -> seeds 0..4 (a count); "0,3" or "2-4" -> those seeds."""
     text = str(text).strip()
-    if text.isdigit():
-        if int(text) < 1:
+    usage = f"--seeds {text[:40]!r}: give a count (5), a list (0,3) or a range (2-4)"
+    if "," not in text and "-" not in text:
+        count = parse_int(text, usage + "; the count", ValueError)
+        if count < 1:
             raise ValueError(f"--seeds {text}: give a count >= 1, or a list such as 0,3 or 2-4")
-        return list(range(int(text)))
+        return list(range(count))
     seeds: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--seeds {text!r}: give a count (5), a list (0,3) or a range (2-4)")
-        seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+        first = parse_int(lo, usage + "; a seed", ValueError)
+        last = parse_int(hi, usage + "; a range's end", ValueError) if sep else first
+        seeds += list(range(first, last + 1))
     return sorted(set(seeds))
 
 

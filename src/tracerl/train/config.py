@@ -28,7 +28,9 @@ from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
 from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
+from tracerl.io.boundary import listing, parse_int
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
+from tracerl.io.files import check_depth
 from tracerl.io.domains import DOMAINS, check_options, make_domain
 from tracerl.io.runlog import reached_stop
 from tracerl.policy.embedded_config import EmbeddedConfig
@@ -96,8 +98,7 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         problems = check_fields(self, "policy.")
-        kind, _, index = self.device.partition(":")
-        if self.device not in ("cpu", "auto", "cuda") and not (kind == "cuda" and index.isdigit()):
+        if not _names_a_device(self.device):
             problems.append(f"policy.device={self.device!r}; use cpu, cuda, cuda:N or auto (cuda when available, "
                             "else cpu)")
         if not self.lora_target_modules or not all(self.lora_target_modules):
@@ -187,10 +188,10 @@ class PredictorConfig:
             raise ValueError(f"predictor.name={self.name!r}: {err}") from err
         params = inspect.signature(cls).parameters
         known = sorted(set(params) - {"self", "seed", "state_features"})
-        unknown = sorted(set(self.options) - set(known))
+        unknown = set(self.options) - set(known)
         if unknown:
-            raise ValueError(f"predictor.options has {unknown}, which {self.name} does not take; its options: "
-                             f"{known} (docs/predictors.md)")
+            raise ValueError(f"predictor.options has {listing(unknown)}, which {self.name} does not take; its "
+                             f"options: {known} (docs/predictors.md)")
 
 
 @dataclass(frozen=True)
@@ -281,11 +282,22 @@ def _has_vllm() -> bool:
     return spec is not None and spec.origin is not None
 
 
+def _names_a_device(device: str) -> bool:
+    """cpu, auto, cuda or cuda:N with N in ASCII digits ("cuda:²" passes `isdigit` and fails in torch)."""
+    kind, _, index = device.partition(":")
+    if device in ("cpu", "auto", "cuda"):
+        return True
+    try:
+        return kind == "cuda" and parse_int(index, "the cuda index", max_digits=4) >= 0
+    except ValueError:
+        return False
+
+
 def check_device(device: str) -> None:
     """policy.device names cpu, cuda, cuda:N or auto, and a cuda device exists (torch is imported only to check)."""
-    kind, _, index = device.partition(":")
-    if device not in ("cpu", "auto", "cuda") and not (kind == "cuda" and index.isdigit()):
+    if not _names_a_device(device):
         raise ValueError(f"policy.device={device!r}; use cpu, cuda, cuda:N or auto (cuda when available, else cpu)")
+    kind, _, index = device.partition(":")
     if kind != "cuda":
         return
     try:
@@ -331,7 +343,10 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], may_change:
                    defaults: Mapping[str, Any] | None = None) -> list[str]:
     """Dotted keys whose values differ between two configs, leaving out the keys in `may_change` (and the keys
     under them). A key one side lacks takes its value in `defaults` (a field added since the save: the run had its
-    default's behaviour), else it differs."""
+    default's behaviour), else it differs. Each side nests at most `tracerl.io.files.MAX_DEPTH` levels (ValueError),
+    so the walk's recursion is bounded."""
+    check_depth(saved, "the saved config")
+    check_depth(now, "this run's config")
     base = _flatten(defaults or {})
     saved_flat, now_flat = {**base, **_flatten(saved)}, {**base, **_flatten(now)}
 
@@ -341,16 +356,23 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], may_change:
                   if saved_flat.get(k) != now_flat.get(k) and not allowed(k))
 
 
-def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
-    """The keys in which `config` differs from a run's saved config (`config.json` as a dict) and a resume may not
-    change (`RESUMABLE_CHANGES`); a key the saved config lacks was added since and takes its default. A saved
+def as_saved_today(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's saved config (its `config.json`, or a checkpoint's) read as this version writes it: a saved
     `policy.embedded` holds only the fields it overrode when it was written before the section was typed (then `{}`
-    meant the default build): those are read over the section's defaults."""
+    meant the default build), so those are read over the section's defaults."""
+    check_depth(saved, "the saved config")
     saved = json.loads(json.dumps(saved))
     policy = saved.get("policy")
     if isinstance(policy, dict) and isinstance(policy.get("embedded"), dict):
         policy["embedded"] = {**EmbeddedConfig().to_dict(), **policy["embedded"]}
-    return config_changes(saved, config.to_dict(), RESUMABLE_CHANGES, TrainConfig().to_dict())
+    return saved
+
+
+def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """The keys in which `config` differs from a run's saved config (`config.json` as a dict, read by
+    `as_saved_today`) and a resume may not change (`RESUMABLE_CHANGES`); a key the saved config lacks was added since
+    and takes its default."""
+    return config_changes(as_saved_today(saved), config.to_dict(), RESUMABLE_CHANGES, TrainConfig().to_dict())
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

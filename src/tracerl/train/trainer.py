@@ -24,6 +24,7 @@ Deliberately not here: distributed training, learning-rate schedules, a value mo
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,10 @@ from tracerl.core.tree import Tree
 from tracerl.engines import torch_threads
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.executors import make_runner
-from tracerl.io.runlog import RunLog, run_lock, write_trees
+from tracerl.io.boundary import listing
+from tracerl.io.driver import check_prompt_lengths
+from tracerl.io.run_folder import replacing, run_path
+from tracerl.io.runlog import METRICS_FILE, RunLog, run_lock, write_trees
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
@@ -90,12 +94,23 @@ class Trainer:
                                        **config.predictor.options)
         self.train_rows = self.policy.domain.rows("train", config.data.num_train_prompts, seed=seed)
         self.eval_rows = self.policy.domain.rows("test", config.run.eval_prompts, seed=seed)
+        for split, rows in (("train", self.train_rows), ("test", self.eval_rows)):  # a row too long fails at load
+            check_prompt_lengths(rows, self.policy.renderer, self.policy.domain, context_tokens=self.context_tokens(),
+                                 max_tokens_per_turn=self.policy.limits.max_tokens_per_turn, split=split)
         self.sampler = Sampler(self.method, config.allocation, len(self.train_rows), seed, predictor=predictor,
                                advantages=config.advantages)
         self.step = 0
         self.totals = {"units": 0.0, "tokens": 0, "prompts": 0, "rollouts": 0}
         self.log = RunLog(self.out, tensorboard=config.run.tensorboard)
         self.runner = None  # built by the first step (`start_runner`), kept until `close`
+
+    def context_tokens(self) -> int | None:
+        """Positions a prefix plus one turn may fill: the model's, or policy.vllm_max_model_len when vLLM samples
+        in this process and it is smaller (a served engine serves this model; None when the config has no limit)."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        if self.config.policy.engine == "vllm":
+            return min(positions or self.config.policy.vllm_max_model_len, self.config.policy.vllm_max_model_len)
+        return positions
 
     def _make_engine(self):
         cfg = self.config.policy
@@ -130,11 +145,10 @@ class Trainer:
             return
         if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
             return
-        path = self.out / "sync" / "weights.pt"
+        path = run_path(self.out, "sync", "weights.pt")  # never written through a symlink (tracerl.io.run_folder)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(merged_state_dict(self.model), tmp)
-        tmp.replace(path)
+        with replacing(path, fsync=False) as f:  # the server reads it now; a crash loses nothing of the run
+            torch.save(merged_state_dict(self.model), f)
         self.engine.load_weights(str(path.resolve()))
 
     def start_runner(self):
@@ -286,10 +300,13 @@ class Trainer:
         state = {"step": self.step, "totals": self.totals, "sampler": self.sampler.state_dict()}
         return checkpoint.save(self.out, self.step, self.model, self.optimizer, None, state)
 
-    def resume(self) -> bool:
+    def resume(self, config: dict[str, Any] | None = None) -> bool:
         """Load the latest checkpoint of the run directory, if any; returns whether one was loaded. The caller
-        truncates the metrics log to the checkpoint's step (`run_training` does)."""
-        state = checkpoint.load(self.out, self.model, self.optimizer, None)
+        truncates the metrics log to the checkpoint's step (`run_training` does). `config`: what the checkpoint's
+        own config must equal, up to `RESUMABLE_CHANGES` (a training resume passes the config it trains with, so a
+        run whose config.json is gone is still held to what was trained); None: the run's `config.json` (`tracerl
+        eval --checkpoint`, whose evaluation settings may differ from the run's)."""
+        state = checkpoint.load(self.out, self.model, self.optimizer, None, config=config)
         if state is None:
             return False
         self.step, self.totals = int(state["step"]), dict(state["totals"])
@@ -339,7 +356,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
 def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
            progress: Callable[[dict[str, Any]], None] | None, initial_eval: dict[str, Any] | None) -> dict[str, Any]:
     record_provenance(trainer.out, trainer.model, trainer.policy.source)
-    resumed = resume and trainer.resume()
+    resumed = resume and trainer.resume(config.to_dict())
     if resume and not resumed:
         (say or print)(f"no checkpoint in {trainer.out}; starting from step 0")
     trainer.log.truncate_after(trainer.step)  # rows of steps after the checkpoint are written again
@@ -399,20 +416,34 @@ def write_report(run_dir: Path, say: Say | None) -> str | None:
 
 
 def _check_run_dir(config: TrainConfig, resume: bool) -> None:
-    """A new run never writes into an old one; a resumed run keeps its config (`resume_differences`)."""
+    """A new run never writes into an old one; a resumed run keeps its config: the run's `config.json`
+    (`resume_differences`) and, when it has one, its checkpoint's (`Trainer.resume`). A run folder with metrics but
+    neither a config.json nor a checkpoint is refused: nothing says which config wrote its metrics."""
     out = config.out_dir()
-    saved_path = out / checkpoint.CONFIG_FILE
+    saved_path = run_path(out, checkpoint.CONFIG_FILE)
     if not resume:
-        if (out / "metrics.jsonl").exists():
+        if os.path.lexists(out / METRICS_FILE):
             raise ValueError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
         return
-    if saved_path.exists():
-        import json
-
-        changed = resume_differences(json.loads(saved_path.read_text()), config)
-        if changed:
-            raise ValueError(f"--resume with a config that differs from {saved_path} in {changed}; resume with "
-                             f"--config {saved_path} (only {', '.join(RESUMABLE_CHANGES)} may change)")
+    if not os.path.lexists(saved_path):
+        if os.path.lexists(out / METRICS_FILE) and not os.path.lexists(out / "checkpoints" / "latest"):
+            raise ValueError(f"{out} holds metrics but neither {checkpoint.CONFIG_FILE} nor a checkpoint, so nothing "
+                             "says which config wrote them; restore its config.json, or start a new run with "
+                             "another --out")
+        return  # the checkpoint's own config is compared when it loads
+    try:
+        saved = checkpoint.read_json(saved_path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{saved_path} is unreadable ({err}); copy the config.json of its latest checkpoint over it, "
+                         "or start a new run with another --out") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{saved_path} holds {type(saved).__name__}, not a config; copy the config.json of its "
+                         "latest checkpoint over it, or start a new run with another --out")
+    changed = resume_differences(saved, config)
+    if changed:
+        raise ValueError(f"--resume with a config that differs from {saved_path} in {listing(changed)}; resume with "
+                         f"the same config (--config {saved_path}), or start a new run with another --out (only "
+                         f"{', '.join(RESUMABLE_CHANGES)} may change)")
 
 
 def _existing_evals(trainer: Trainer) -> list[dict[str, Any]]:

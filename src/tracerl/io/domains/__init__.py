@@ -12,6 +12,8 @@ import importlib
 import inspect
 from typing import Any
 
+from tracerl.io.boundary import listing
+
 # name -> (module, class): the built-in domains
 _BUILT_IN = {
     "multihop": ("tracerl.io.domains.multihop", "MultiHopDomain"),
@@ -33,9 +35,9 @@ def domain_class(name: str) -> type:
 def check_options(name: str, options: dict[str, Any]) -> None:
     """Every key of `options` is a constructor parameter of domain `name` (the message lists those it takes)."""
     known = sorted(set(inspect.signature(domain_class(name)).parameters) - {"self"})
-    unknown = sorted(set(options) - set(known))
+    unknown = set(options) - set(known)
     if unknown:
-        raise ValueError(f"data.options has {unknown}, which domain {name!r} does not take; its options: "
+        raise ValueError(f"data.options has {listing(unknown)}, which domain {name!r} does not take; its options: "
                          f"{known or 'none'}")
 
 

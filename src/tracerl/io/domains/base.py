@@ -20,6 +20,7 @@ import numpy as np
 from tracerl.core.history import History
 
 from tracerl.io.actions import Tool, call_tool, parse_action
+from tracerl.io.boundary import listing
 from tracerl.io.env import StepResult
 
 
@@ -100,9 +101,9 @@ class Domain(ABC):
         if not dataclasses.is_dataclass(self):
             raise ValueError(f"domain {self.name!r} has no options to change")
         names = {f.name for f in dataclasses.fields(self) if f.init}
-        unknown = sorted(set(options) - names)
+        unknown = set(options) - names
         if unknown:
-            raise ValueError(f"domain {self.name!r} has no option {unknown}; its options: {sorted(names)}")
+            raise ValueError(f"domain {self.name!r} has no option {listing(unknown)}; its options: {sorted(names)}")
         return dataclasses.replace(self, **options)
 
     def fingerprint(self) -> str:

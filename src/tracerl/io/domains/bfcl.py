@@ -60,6 +60,7 @@ from tracerl.io.actions import Tool, parse_action
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.domains.funcall import format_tool_call
 from tracerl.io.env import StepResult
+from tracerl.io.files import read_utf8
 
 INSTALL_LINE = 'pip install --no-deps "bfcl-eval==2026.3.23" "mpmath>=1.3"'
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context")
@@ -93,8 +94,7 @@ def require_bfcl() -> types.SimpleNamespace:
 
 
 def _read_jsonl(path: Any) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in read_utf8(path).splitlines() if line.strip()]
 
 
 def load_cases(category: str = "multi_turn_base") -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -41,7 +41,9 @@ import numpy as np
 
 from tracerl.core.history import History
 from tracerl.io.actions import Tool
+from tracerl.io.boundary import listing
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
+from tracerl.io.rows import non_finite
 
 DATA_SOURCE = "funcall"
 TEST_FRACTION = 0.2  # share of question texts that belong to the test split
@@ -228,13 +230,16 @@ def run_call(apis: dict[str, Any], name: str, arguments: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- scoring
 
 def normalize_answer(text: str) -> str:
-    """Lower case, single spaces, no surrounding quotes or final period; numbers in one canonical form."""
+    """Lower case, single spaces, no surrounding quotes or final period; finite numbers in one canonical form (a
+    non-finite one, "inf" or "1e400", stays as written: no two of them are equal by value)."""
     text = " ".join(str(text).lower().split()).strip("'\"` ").rstrip(".").strip()
     try:
         value = float(text.replace(",", ""))
-        return str(int(value)) if value.is_integer() else repr(value)
     except ValueError:
         return text
+    if non_finite(value):
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def _call_key(call: dict[str, Any]) -> str:
@@ -418,9 +423,9 @@ class FuncallDomain(Domain):
     name = DATA_SOURCE
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.templates) - set(TEMPLATES))
+        unknown = set(self.templates) - set(TEMPLATES)
         if unknown:
-            raise ValueError(f"funcall templates names {unknown}; choose from {sorted(TEMPLATES)}")
+            raise ValueError(f"funcall templates names {listing(unknown)}; choose from {sorted(TEMPLATES)}")
         if self.templates and (any(not w >= 0 for w in self.templates.values()) or sum(self.templates.values()) <= 0):
             raise ValueError(f"funcall template weights must be >= 0 with a positive sum; got {self.templates}")
 

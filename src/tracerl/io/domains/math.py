@@ -42,7 +42,9 @@ from tracerl.core.history import History
 from tracerl.io.actions import Tool, parse_action
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.env import StepResult
-from tracerl.io.rows import check_row
+from tracerl.io.boundary import listing
+from tracerl.io.files import read_utf8
+from tracerl.io.rows import check_row, non_finite, parquet_records
 
 GENERATORS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "products")
 DEFAULT_MIX = {"gsm_symbolic": 0.5, "basic_arithmetic": 0.25, "chain_sum": 0.25}
@@ -89,8 +91,8 @@ def parse_number(text: str) -> float | None:
         return None
     try:
         return float(parsed[0])
-    except OverflowError:
-        return math.copysign(math.inf, parsed[0])
+    except OverflowError:  # copysign(inf, parsed[0]) would convert the Fraction, and overflow again
+        return math.inf if parsed[0] > 0 else -math.inf
 
 
 def numeric_match(answer: str, ground_truth: str, rel_tol: float = 1e-6) -> bool:
@@ -204,6 +206,8 @@ class MathEnv(ToolEnv):
 
     def score(self, answer: str) -> float:
         truth = str(self.row["reward_model"]["ground_truth"])
+        if not _finite_truth(truth):  # refused by the loaders; a row built in code matches nothing
+            return 0.0
         if parse_number(truth) is None:  # a MATH answer such as "\sqrt{2}" or "(1, 2)"
             return float(_normalise(answer) == _normalise(truth))
         return float(numeric_match(answer, truth, self.rel_tol))
@@ -218,9 +222,9 @@ def _check_generator_options(options: dict[str, dict[str, Any]]) -> None:
     for name, values in options.items():
         config_class = DATASETS[name][1]
         known = sorted(f.name for f in dataclasses.fields(config_class) if f.name not in ("seed", "size"))
-        unknown = sorted(set(values) - set(known))
+        unknown = set(values) - set(known)
         if unknown:
-            raise ValueError(f"math generator_options[{name!r}] has {unknown}; {name} takes {known}")
+            raise ValueError(f"math generator_options[{name!r}] has {listing(unknown)}; {name} takes {known}")
         try:
             config_class(**values).validate()
         except (AssertionError, TypeError, ValueError) as err:
@@ -254,17 +258,19 @@ class MathDomain(Domain):
         return history_state(history)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.mix) - set(GENERATORS))
+        unknown = set(self.mix) - set(GENERATORS)
         if unknown:
-            raise ValueError(f"math mix names unknown generator(s) {unknown}; choose from {list(GENERATORS)}")
+            raise ValueError(f"math mix names unknown generator(s) {listing(unknown)}; choose from "
+                             f"{list(GENERATORS)}")
         if not self.mix or any(not w >= 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ValueError(f"math mix weights must be >= 0 with a positive sum; got {self.mix}")
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"math test_fraction={self.test_fraction} must lie strictly between 0 and 1")
         self.mix = {name: w for name, w in self.mix.items() if w > 0}
-        stray = sorted(set(self.generator_options) - set(self.mix))
+        stray = set(self.generator_options) - set(self.mix)
         if stray:
-            raise ValueError(f"math generator_options names {stray}, which the mix {sorted(self.mix)} does not draw")
+            raise ValueError(f"math generator_options names {listing(stray)}, which the mix {sorted(self.mix)} does "
+                             "not draw")
         if self.generator_options:
             _check_generator_options(self.generator_options)
 
@@ -368,6 +374,14 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def _finite_truth(truth: str) -> bool:
+    """False for a ground truth that is a non-finite number: one `float()` reads as NaN or infinity ("nan", "inf",
+    "1e400"), or whose last number overflows a float (scoring compares floats of it). LaTeX such as "\\infty" is
+    text, compared as text."""
+    number = parse_number(truth)
+    return not non_finite(truth, text=True) and (number is None or math.isfinite(number))
+
+
 def _record_to_row(record: Any, where: str, index: int, split: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: a row must be a JSON object; {_EXPECTED}")
@@ -391,29 +405,39 @@ def load_math_file(path: str | Path, split: str = "test") -> list[dict[str, Any]
     path = Path(path)
     if path.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet  # noqa: F401 (parquet_records reads with it)
         except ImportError as err:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
         try:
-            table = pq.read_table(path).to_pylist()
-        except Exception as err:  # pyarrow's errors do not name the file
-            raise ValueError(f"{path}: not a readable parquet file ({err}); {_EXPECTED}") from None
+            table = parquet_records(path)  # its errors name the file
+        except ValueError as err:
+            raise ValueError(f"{err}; {_EXPECTED}") from None
         records = [(f"{path}: row {i + 1}", r) for i, r in enumerate(table)]
-    elif path.suffix == ".json" and path.read_text(encoding="utf-8").lstrip().startswith("["):
+    elif path.suffix == ".json" and read_utf8(path).lstrip().startswith("["):
         try:
-            items = json.loads(path.read_text(encoding="utf-8"))
+            items = json.loads(read_utf8(path))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: line {err.lineno}: not valid JSON ({err.msg}); {_EXPECTED}") from None
+        except RecursionError:
+            raise ValueError(f"{path}: nested deeper than Python's JSON parser reads; {_EXPECTED}") from None
         records = [(f"{path}: item {i + 1}", r) for i, r in enumerate(items)]
     else:
         records = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_utf8(path).splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 records.append((f"{path}: line {number}", json.loads(line)))
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}: line {number}: not valid JSON ({err.msg}); {_EXPECTED}") from None
+            except RecursionError:
+                raise ValueError(f"{path}: line {number}: nested deeper than Python's JSON parser reads; "
+                                 f"{_EXPECTED}") from None
     if not records:
         raise ValueError(f"{path}: no rows; {_EXPECTED}")
-    return [check_row(_record_to_row(record, where, i, split), where) for i, (where, record) in enumerate(records)]
+    rows = [check_row(_record_to_row(record, where, i, split), where) for i, (where, record) in enumerate(records)]
+    for (where, _), row in zip(records, rows):
+        if not _finite_truth(row["reward_model"]["ground_truth"]):
+            raise ValueError(f"{where}: the answer {row['reward_model']['ground_truth'][:40]!r} is not a finite "
+                             "number (NaN, infinity, or past a float's range); fix the answer or drop the row")
+    return rows

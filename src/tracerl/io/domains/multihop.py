@@ -38,9 +38,11 @@ import numpy as np
 
 from tracerl.core.history import History
 from tracerl.io.actions import Tool
+from tracerl.io.boundary import listing
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
+from tracerl.io.files import read_utf8
 from tracerl.io.retrieval import BM25Index
-from tracerl.io.rows import check_row
+from tracerl.io.rows import check_ids, check_row, non_finite
 
 
 class Relation(NamedTuple):
@@ -199,10 +201,10 @@ _PUNCTUATION = frozenset(string.punctuation)
 def exact_match(prediction: str, ground_truth: str | Sequence[str]) -> float:
     """1.0 if the normalised prediction equals a normalised ground truth (any alias of a list), else 0.0.
 
-    An answer that normalises to nothing never matches."""
+    An answer that normalises to nothing never matches, nor does a NaN or infinite ground truth."""
     truths = [ground_truth] if isinstance(ground_truth, str) else list(ground_truth)
     pred = normalize_answer(prediction)
-    return float(bool(pred) and any(pred == normalize_answer(str(t)) for t in truths))
+    return float(bool(pred) and any(pred == normalize_answer(str(t)) for t in truths if not non_finite(t)))
 
 
 def read_fact(observation: str, subject: str, relation: str) -> str | None:
@@ -305,7 +307,8 @@ class MultiHopDomain(Domain):
                              f"{self.unanswerable_share} in [0, 1)")
         kinds = {r.subject for r in RELATIONS.values()}
         if not set(self.missing_kinds) <= kinds:
-            raise ValueError(f"missing_kinds={self.missing_kinds}: unknown kind(s); use some of {sorted(kinds)}")
+            raise ValueError(f"missing_kinds has unknown kind(s) {listing(set(self.missing_kinds) - kinds)}; use some "
+                             f"of {sorted(kinds)}")
         if self.unanswerable_share > 0 and self.missing_share == 0 and not self.missing_kinds:
             raise ValueError(f"unanswerable_share={self.unanswerable_share} needs missing_share > 0 or missing_kinds "
                              "(a question is unanswerable when a document on its chain is missing)")
@@ -456,10 +459,7 @@ CORPUS_FIELDS = "'text' (with 'id', 'title') or 'contents' (with 'title', or a f
 
 def _records(path: Path, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """(location, object) for each record of a JSON array, a {"data": [...]} object or a JSONL file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason}); expected JSON or JSONL with {expected}") from None
+    text = read_utf8(path)  # a file that is not UTF-8: the error names the byte and the fix
     whole: Any = None
     if text.lstrip()[:1] in ("[", "{"):
         try:
@@ -468,6 +468,9 @@ def _records(path: Path, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
             if text.lstrip()[:1] == "[":
                 raise ValueError(f"{path}: line {err.lineno}: invalid JSON ({err.msg}); expected a list of "
                                  f"objects with {expected}") from None
+        except RecursionError:
+            raise ValueError(f"{path}: nested deeper than Python's JSON parser reads; expected JSON or JSONL "
+                             f"objects with {expected}") from None
     if isinstance(whole, dict) and isinstance(whole.get("data"), list):
         whole = whole["data"]
     if isinstance(whole, list):
@@ -483,6 +486,9 @@ def _records(path: Path, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}: line {n}: invalid JSON ({err.msg}); expected one object per line "
                                      f"with {expected}") from None
+                except RecursionError:
+                    raise ValueError(f"{path}: line {n}: nested deeper than Python's JSON parser reads; expected "
+                                     f"one object per line with {expected}") from None
     if not items:
         raise ValueError(f"{path}: no records; expected JSON or JSONL objects with {expected}")
     for where, record in items:
@@ -532,18 +538,22 @@ def load_qa_file(path: str | Path, corpus_path: str | Path | None = None, *, spl
     """(rows, corpus) from a QA file; ground truth is the list of accepted answers (answer first).
 
     The corpus is `corpus_path` when given, else the union of the records' context paragraphs."""
-    path, rows, seen, corpus = Path(path), [], set(), []
+    path, rows, wheres, seen, corpus = Path(path), [], [], set(), []
     for where, r in _records(path, QA_FIELDS):
         question, answers = r.get("question"), _answers(r)
         if not isinstance(question, str) or not question.strip() or not answers:
             raise ValueError(f"{path}: {where}: expected {QA_FIELDS}; got keys {sorted(r)[:8]}")
+        own = r.get("_id", r.get("id"))  # the dataset's id where the record has one (never made up: a made-up
+        # position could equal another record's own id, and two rows sharing an id are refused below)
         rows.append(make_row(data_source, question.strip(), answers, split=split, index=len(rows),
-                             id=str(r.get("_id", r.get("id", len(rows)))), source=str(path)))
-        check_row(rows[-1], f"{path}: {where}")
+                             **({} if own is None else {"id": str(own)}), source=str(path)))
+        wheres.append(f"{path}: {where}")
+        check_row(rows[-1], wheres[-1])
         for title, text in [] if corpus_path is not None else _context_docs(r):
             if (title, text) not in seen:
                 seen.add((title, text))
                 corpus.append({"id": f"c{len(corpus)}", "title": title, "text": text})
+    check_ids(rows, wheres)  # a question id twice: the file repeats a record
     if corpus_path is not None:
         corpus = load_corpus(corpus_path)
     if not corpus:
