@@ -3,6 +3,7 @@ on loopback in a thread."""
 
 import json
 import os
+import pathlib
 import socket
 import threading
 import time
@@ -159,3 +160,42 @@ def play_episode(domain, row, policy, max_turns: int):
         if result.done:
             break
     return result, turns, env
+
+
+def finishes(fn, within: float = 120):
+    """fn() run in a daemon thread: its result (or what it raised), or a test failure if it has not returned within
+    `within` s (a hang-stopper generous for a loaded machine, not a bound)."""
+    import pytest
+
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the test below
+            box["error"] = err
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(within)
+    if worker.is_alive():
+        pytest.fail(f"timeout: the call never returned ({within} s)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def gone(pid: int, within: float = 120) -> bool:
+    """True once process `pid` has exited within `within` s (a zombie counts as gone: nothing of it runs)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            if pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, IndexError):
+            return True
+        time.sleep(0.05)
+    return False

@@ -6,50 +6,15 @@ Deadlines are 1 s against work of 1000 s or more; "killed" is proved by the work
 
 import decimal
 import os
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import finishes, gone
 
 from tracerl.io.rewards import RewardError, RewardPool
 
-WITHIN_S = 120
-
-
-def finishes(fn, within=WITHIN_S):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # handed to the test below
-            box["error"] = err
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(within)
-    if worker.is_alive():
-        pytest.fail(f"the call never returned ({within} s)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def gone(pid, within=WITHIN_S):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except (FileNotFoundError, IndexError):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # module level, so process workers can import them

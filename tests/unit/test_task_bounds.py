@@ -9,59 +9,21 @@ test that never returns; "killed" is proved by the process being gone, never by 
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import finishes, gone
 
 from tracerl.io.actions import MAX_ACTION_CHARS, parse_action
 from tracerl.io.env import EpisodeError
 from tracerl.io.task import UserTask, UserTaskDomain, tool
 from tracerl.io.task_tools import ToolOutput
 
-WITHIN_S = 120  # the step must have returned by then: ~100x the deadline, for a loaded machine
-
-
-def finishes(fn, within=WITHIN_S):
-    """fn() run in a daemon thread; its result, or a test failure if it has not returned within `within` s."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # handed to the test below
-            box["error"] = err
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(within)
-    if worker.is_alive():
-        pytest.fail(f"the call never returned ({within} s)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def gone(pid, within=WITHIN_S):
-    """True once process `pid` has exited (a zombie counts as gone: nothing of it runs)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except (FileNotFoundError, IndexError):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def score(data_source, solution_str, ground_truth, extra_info=None):
