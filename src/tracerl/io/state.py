@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tracerl.core.predictor import Predictor, make_predictor
+from tracerl.io.run_folder import replacing
 
 _JSON_KEY = "__json__"
 _ARRAY_TAG = "__ndarray__"
@@ -81,17 +81,8 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     text = json.dumps(tree, allow_nan=True, separators=(",", ":"))
     arrays[_JSON_KEY] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as f:  # whole or not at all, fsynced
+        np.savez(f, **arrays)
     fsync_dir(path.parent)
     return path
 
