@@ -360,7 +360,8 @@ def _methods(args: argparse.Namespace) -> int:
 
     for m in METHODS.values():
         stage2 = m.prefix_policy or "-"
-        print(f"{m.name:<22} stage1={m.root_policy:<9} stage2={stage2:<10} adv={m.advantage:<6} {m.description}")
+        source = f" [{m.source}]" if m.source else ""
+        print(f"{m.name:<22} stage1={m.root_policy:<13} stage2={stage2:<10} adv={m.advantage:<13} {m.description}{source}")
     return 0
 
 

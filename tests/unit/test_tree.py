@@ -84,3 +84,17 @@ def test_round_trip_and_backup_consistency_on_random_trees(tree):
         assert backup.num_leaves[node.node_id] == len(below)
         if below:
             assert backup.vhat[node.node_id] == pytest.approx(np.mean([tree.nodes[i].reward for i in below]))
+
+
+def test_keep_rollouts_keeps_their_paths_renumbered_and_nothing_else():
+    tree = two_level_tree()
+    leaves = tree.leaves()  # [2, 3, 4]: a1, a2 (a continuation anchored at a), b
+    kept = tree.keep_rollouts([leaves[1], leaves[2]])
+    assert [n.segment.policy_text for n in kept.nodes] == ["", "think", "<answer>5</answer>", "<answer>3</answer>"]
+    assert [n.parent_id for n in kept.nodes] == [None, 0, 1, 0]
+    assert kept.rewards().tolist() == [0.0, 0.0] and kept.children == [[1, 3], [2], [], []]
+    assert kept.nodes[2].origin == "continuation" and kept.nodes[2].anchor_id == tree.nodes[3].anchor_id
+    assert kept.meta == tree.meta and kept.meta is not tree.meta
+    assert len(tree) == 5, "the tree it came from is unchanged"
+    with pytest.raises(ValueError, match="not a leaf"):
+        tree.keep_rollouts([1])

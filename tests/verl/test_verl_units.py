@@ -10,6 +10,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from tracerl.core.advantages import compute_advantages  # noqa: E402
 from tracerl.core.ledger import make_prices  # noqa: E402
+from tracerl.core.methods import AllocationConfig  # noqa: E402
 from tracerl.core.tree import Segment, Tree  # noqa: E402
 from tracerl.integrations.verl import (FailSafeRunner, TraceVerlConfig, check_verl_config, leaf_rows,  # noqa: E402
                                        plan_batch)
@@ -203,3 +204,11 @@ def test_spend_from_trees_charges_fresh_rollouts_one_and_continuations_their_cos
     assert metrics["alloc/units_prefix"] == 0.5 and metrics["rollout/units"] == 3.5
     assert metrics["alloc/effective_ratio"] == 1.0 and metrics["rollout/num_rollouts"] == 5
     assert metrics["alloc/informative_rollout_frac"] > 0
+
+
+def test_round_samplers_are_refused_with_the_reason_and_knapsack_rl_runs():
+    """The manager plans a step once before verl samples it: a sampler that decides in rounds cannot run there."""
+    for name in ("dapo", "reinforce_ada", "speed", "pilot_commit"):
+        with pytest.raises(ValueError, match="filter_groups"):
+            TraceVerlConfig(AllocationConfig(), method=name)
+    assert TraceVerlConfig(AllocationConfig(), method="knapsack_rl").method == "knapsack_rl"

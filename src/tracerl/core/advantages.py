@@ -8,7 +8,8 @@ l's path, c != root): the advantage the policy tokens of c's segment receive in 
 linear in the advantage).
 
 Estimators form a registry with one signature, `fn(trees, config) -> list[TreeAdvantages]` (one per
-tree, same order): `grpo`, `treepo`, `tree_grpo` and `trace` (docs/design.md, section 2).
+tree, same order): `grpo`, `treepo`, `tree_grpo`, `trace` (docs/design.md, section 2) and `reinforce_ada`
+(docs/allocation.md).
 `register_advantage` adds more; `compute_advantages` is the one entry point.
 
 This module does not see tokens or tensors (it only counts policy tokens for
@@ -216,6 +217,32 @@ def treepo_before_whitening(trees: Sequence[Tree], config: AdvantageConfig) -> l
 
 # estimators that whiten over the whole batch -> the same estimator before that whitening (what carries contrast)
 BEFORE_BATCH_WHITENING: dict[str, AdvantageFn] = {"treepo": treepo_before_whitening}
+
+
+@register_advantage("reinforce_ada")
+def reinforce_ada(trees: Sequence[Tree], config: AdvantageConfig) -> list[TreeAdvantages]:
+    """Reinforce-Ada (arXiv 2510.04996) with its global statistics: a downsampled group's baseline comes from every
+    rollout its prompt sampled, `tree.meta["sampled_outcomes"] = [successes, failures]` (`samplers.ReinforceAda`):
+    mean = successes / all, std over those 0/1 outcomes (std_ddof), A_l = (r_l - mean) / (std + eps), or r_l - mean
+    when norm_by_std is False (the paper's recommendation; the reference code defaults to the std), broadcast to
+    every segment. Outcomes that all agree give A = 0 (the reference: r - mean, 0 for 0/1 rewards). A tree without
+    the counts is its own sample: `grpo`."""
+    out = []
+    for tree in trees:
+        counts = tree.meta.get("sampled_outcomes")
+        if counts is None:
+            out += grpo([tree], config)
+            continue
+        successes, failures = int(counts[0]), int(counts[1])
+        outcomes = np.r_[np.ones(successes), np.zeros(failures)]
+        rewards = tree.rewards()
+        if _no_contrast(outcomes) or rewards.size == 0:
+            out.append(_broadcast(tree, np.zeros_like(rewards)))
+            continue
+        centred = rewards - successes / outcomes.size
+        values = centred / (_std(outcomes, config.std_ddof) + config.eps) if config.norm_by_std else centred
+        out.append(_broadcast(tree, values))
+    return out
 
 
 @register_advantage("tree_grpo")

@@ -26,6 +26,7 @@ from tracerl.core.allocation import root_value
 from tracerl.core.history import History
 from tracerl.core.ledger import BudgetLedger, Prices
 from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, MethodPreset
+from tracerl.core.samplers import ROUND_SAMPLERS, Seen
 from tracerl.core.tree import Tree
 
 PredictFn = Callable[[Sequence[History]], np.ndarray]
@@ -51,6 +52,13 @@ class GrowthResult:
     num_prefix_anchors: int = 0  # (tree, node) pairs granted continuations, summed over rounds
     num_continuations: int = 0  # continuations sampled in stage 2, summed over rounds
     stage1_value: float = 0.0  # sum_i V(p_i, m_i) under config.root_value: the stage-1 objective of the grants
+    kept: list[Tree] | None = None  # the groups the update trains on (a round sampler's keep); None = all of `trees`
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (rollouts, tokens) of each stage-1 round, in order
+
+    @property
+    def trained(self) -> list[Tree]:
+        """What the update trains on: the kept groups, or every tree when the method keeps all."""
+        return self.trees if self.kept is None else self.kept
 
 
 @dataclass(frozen=True)
@@ -130,9 +138,12 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
     p_pool = np.asarray(predict(pool), dtype=float) if uses_p else np.full(len(pool), 0.5)
     t1 = time.perf_counter()
     cost = prices.fresh([h.prompt_id for h in pool])
+    seconds["predict"] += t1 - t0
+    if method.in_rounds:
+        return grow_in_rounds(method, config, p_pool if uses_p else None, cost, runner, ledger, rng, seconds,
+                              size=len(pool))
     plan = plan_roots(method, config, p_pool, ledger.budget_left, rng, prices, cost)
     root_counts = plan.counts
-    seconds["predict"] += t1 - t0
     seconds["allocate"] += time.perf_counter() - t1
 
     selected = np.flatnonzero(root_counts)
@@ -153,6 +164,68 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
         for key in ("predict", "allocate", "rollout"):
             seconds[key] += stats[key]
     return result
+
+
+def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.ndarray | None, cost: np.ndarray | None,
+                   runner: RolloutRunner, ledger: BudgetLedger, rng: np.random.Generator,
+                   seconds: dict[str, float], size: int) -> GrowthResult:
+    """Stage 1 in rounds (`tracerl.core.samplers`): the method's round sampler grants each round's fresh rollouts from
+    what the earlier rounds showed, until it grants none, `config.max_rounds` rounds have run or the ledger's token
+    cap is reached; each round is charged before it is sampled (a sampler that overspends raises `BudgetExceeded`).
+    A prompt's first rollouts start its tree (`run_roots`); its later rounds are more rollouts from the same root
+    (`run_continuations` from node 0), recorded as fresh rollouts. Then the sampler keeps each prompt's training
+    group (`GrowthResult.kept`); every sampled tree stays in `trees`, for the predictor, the prices and the record.
+    `p_pool` (None where the method reads none) and `cost` (None: 1 each) are over the `size` pool prompts."""
+    sampler = ROUND_SAMPLERS[method.root_policy](config)
+    unit_cost = np.ones(size) if cost is None else np.asarray(cost, dtype=float)
+    seen = Seen(p=np.full(size, 0.5) if p_pool is None else np.asarray(p_pool, dtype=float), cost=unit_cost,
+                order=rng.permutation(size), budget=ledger.budget_left)
+    tree_of: dict[int, Tree] = {}
+    rounds: list[tuple[int, int]] = []
+    for round_index in range(config.max_rounds):
+        seen.round_index, seen.budget_left = round_index, ledger.budget_left
+        t0 = time.perf_counter()
+        grants = np.asarray(sampler.grants(seen, rng), dtype=np.int64)
+        seconds["allocate"] += time.perf_counter() - t0
+        if grants.shape != (size,) or np.any(grants < 0):
+            raise ValueError(f"round sampler {method.root_policy!r} granted {grants.shape} counts, some negative; "
+                             f"it must grant (P,) = ({size},) counts >= 0")
+        price = float(np.sum(grants * unit_cost))
+        if not grants.any() or not ledger.can_afford(0.0):  # nothing granted, or the token cap is used up
+            break
+        ledger.charge(ledger.rollout_units(grants.sum(), continuation=False), kind="root", cost=price)
+        new = [int(i) for i in np.flatnonzero(grants) if int(i) not in tree_of]
+        more = [(tree_of[int(i)], 0, int(grants[i])) for i in np.flatnonzero(grants) if int(i) in tree_of]
+        sizes = {id(tree): len(tree) for tree, _, _ in more}
+        t0 = time.perf_counter()
+        tokens = 0
+        if new:
+            trees, num_tokens = runner.run_roots(new, grants[new].tolist())
+            tree_of.update(zip(new, trees))
+            tokens += num_tokens
+        if more:
+            tokens += runner.run_continuations(more)
+            for tree, _, _ in more:  # a rollout from the root is a fresh rollout, whichever call sampled it
+                for node in tree.nodes[sizes[id(tree)]:]:
+                    if node.anchor_id == 0:
+                        node.origin = "bare"
+        seconds["rollout"] += time.perf_counter() - t0
+        ledger.charge_tokens(tokens, kind="root")
+        rounds.append((int(grants.sum()), int(tokens)))
+        for i, tree in tree_of.items():
+            fresh = [tree.nodes[leaf].reward for leaf in tree.leaves() if tree.nodes[leaf].anchor_id == 0]
+            seen.rollouts[i], seen.successes[i] = len(fresh), sum(r > 0.5 for r in fresh)
+    selected = np.array(sorted(tree_of), dtype=np.int64)
+    trees = [tree_of[int(i)] for i in selected]
+    mark_roots(trees, None if p_pool is None else seen.p[selected], seen.rollouts[selected])
+    seen.budget_left = ledger.budget_left
+    t0 = time.perf_counter()
+    groups = sampler.keep(dict(tree_of), seen, rng)
+    kept = [groups[i] for i in sorted(groups)]
+    seconds["allocate"] += time.perf_counter() - t0
+    value = float(np.sum(root_value(seen.p, seen.rollouts, config.root_value))) if size else 0.0
+    return GrowthResult(trees, selected, seen.p, seen.rollouts.copy(), seconds, stage1_value=value, kept=kept,
+                        rounds=rounds)
 
 
 def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence[Tree], budgets: np.ndarray,

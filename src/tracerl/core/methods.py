@@ -19,6 +19,7 @@ import numpy as np
 from tracerl.core.allocation import ROOT_VALUES, allocate_prefixes, allocate_roots
 from tracerl.core.ledger import BUDGET_UNITS, CONTINUATION_COST
 from tracerl.core.rules import check_fields, knob, raise_problems
+from tracerl.core.samplers import ROUND_SAMPLERS, knapsack_rl_counts, take_in_order
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class AllocationConfig:
     token_budget: int | None = knob(None, ge=1)  # budget_unit=tokens: a step's budget in tokens; None = budget x default_rollout_tokens
     default_rollout_tokens: int = knob(256, ge=1)  # expected tokens of a rollout before any has been seen (budget_unit=tokens)
     token_cap: int | None = knob(None, ge=1)  # hard cap on a step's sampled tokens: no stage-2 round starts past it; None = none
+    round_prompts: int | None = knob(None, ge=1)  # round samplers: new prompts per round (dapo's generation batch, speed's and pilot_commit's screening batch), reinforce_ada's prompts per step; None = num_prompts (reinforce_ada: num_prompts // 2)
+    round_rollouts: int = knob(4, ge=1)  # reinforce_ada: rollouts per unfinished prompt per round; speed, pilot_commit: screening (pilot) rollouts per prompt
+    commit_rollouts: int = knob(12, ge=1)  # speed, pilot_commit: rollouts added to a prompt that passed screening (its group: screening + these)
+    pilot_low: float = knob(0.125, ge=0, le=1)  # pilot_commit: a prompt is committed when pilot_low <= pilot accuracy <= pilot_high
+    pilot_high: float = knob(0.75, ge=0, le=1)  # pilot_commit: the upper end of that window (both ends included)
+    keep_prompts: int | None = knob(None, ge=1)  # dapo, speed, pilot_commit: rounds stop once this many groups are kept (the train batch); None = when the budget is spent
+    max_rounds: int = knob(10, ge=1)  # most rounds of fresh rollouts a round sampler runs in one step (verl's max_num_gen_batches)
+    ada_exit: str = knob("balanced", choices=("balanced", "positive"))  # reinforce_ada: a prompt stops at n/2 successes and n/2 failures, or at its first success
 
     def __post_init__(self) -> None:
         problems = check_fields(self, "allocation.")
@@ -50,6 +59,9 @@ class AllocationConfig:
         if self.k_max is not None and self.k_max < self.stage2_width:
             problems.append(f"k_max={self.k_max} < stage2_width={self.stage2_width}: no prefix could get one group; "
                             "raise k_max (or set it to none) or lower stage2_width")
+        if self.pilot_low > self.pilot_high:
+            problems.append(f"pilot_low={self.pilot_low} > pilot_high={self.pilot_high}: no pilot accuracy would pass; "
+                            "lower pilot_low or raise pilot_high")
         if not problems and self.budget < self.m_min:
             problems.append(f"budget {self.budget} is below m_min={self.m_min}; raise num_prompts or rollouts_per_prompt")
         raise_problems(problems, "invalid allocation config")
@@ -77,12 +89,6 @@ def register_root_policy(name: str):
     return wrap
 
 
-def _take_in_order(order: np.ndarray, each: np.ndarray, budget: float) -> np.ndarray:
-    """The prompts of `order`, in that order, while their costs `each` still fit in `budget`."""
-    fits = np.cumsum(each[order]) <= budget + 1e-9
-    return order[: int(np.argmin(fits)) if not fits.all() else len(order)]
-
-
 @register_root_policy("uniform")
 def uniform_roots(p_pool, budget, config, rng, cost=None):
     """GRPO's batch: floor(budget / n) prompts drawn at random from the pool, n rollouts each (with per-prompt
@@ -93,7 +99,7 @@ def uniform_roots(p_pool, budget, config, rng, cost=None):
         num = min(len(p_pool), int(budget // n))
         counts[rng.choice(len(p_pool), size=num, replace=False)] = n
     else:
-        counts[_take_in_order(rng.permutation(len(p_pool)), n * np.asarray(cost, float), budget)] = n
+        counts[take_in_order(rng.permutation(len(p_pool)), n * np.asarray(cost, float), budget)] = n
     return counts
 
 
@@ -107,7 +113,7 @@ def pcl_roots(p_pool, budget, config, rng, cost=None):
     if cost is None:
         counts[order[:min(len(p_pool), int(budget // n))]] = n
     else:
-        counts[_take_in_order(order, n * np.asarray(cost, float), budget)] = n
+        counts[take_in_order(order, n * np.asarray(cost, float), budget)] = n
     return counts
 
 
@@ -115,6 +121,27 @@ def pcl_roots(p_pool, budget, config, rng, cost=None):
 def knapsack_roots(p_pool, budget, config, rng, cost=None):
     """TRACE stage 1: maximise sum_i V(p_i, m_i) s.t. sum_i m_i cost_i <= budget (see allocation.solve_roots)."""
     return allocate_roots(p_pool, budget, m_min=config.m_min, m_max=config.m_max, value=config.root_value, cost=cost)
+
+
+@register_root_policy("knapsack_rl")
+def knapsack_rl_roots(p_pool, budget, config, rng, cost=None):
+    """KnapsackRL (arXiv 2509.25849, liziniu/KnapsackRL): GRPO's random batch (`uniform_roots`), its n rollouts per
+    prompt redistributed by `samplers.knapsack_rl_counts` (m_min each, the rest by KnapsackRL's exact programme with
+    m_max a prompt). With per-prompt costs, prompts leave the end of the batch until the redistributed rollouts fit."""
+    n = config.rollouts_per_prompt
+    order = rng.permutation(len(p_pool))  # the batch in the data loader's order: ties and remainders go to the first
+    batch = order[: min(len(p_pool), int(budget // n))] if cost is None else \
+        take_in_order(order, n * np.asarray(cost, dtype=float), budget)
+    counts = np.zeros(len(p_pool), dtype=np.int64)
+    while len(batch):
+        total = n * len(batch)
+        counts[:] = 0
+        counts[batch] = knapsack_rl_counts(np.asarray(p_pool, dtype=float)[batch], total, config.m_min,
+                                           config.m_max or total)
+        if cost is None or float(np.sum(counts * np.asarray(cost, dtype=float))) <= budget + 1e-9:
+            break
+        batch = batch[:-1]
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------- stage 2
@@ -186,7 +213,7 @@ def random_prefixes(p, outcome, budget, config, rng, cost):
         num_branches = min(num, int(budget // (config.branch_width * cost[0]) + 1e-9))
         counts[rng.choice(num, size=num_branches, replace=False)] = config.branch_width
     elif num:
-        counts[_take_in_order(rng.permutation(num), config.branch_width * cost, budget)] = config.branch_width
+        counts[take_in_order(rng.permutation(num), config.branch_width * cost, budget)] = config.branch_width
     return counts
 
 
@@ -200,6 +227,12 @@ class MethodPreset:
     predictor: str  # "learned", "oracle" (true p, simulator only) or "none"
     prefix_candidates: str = "unmixed"  # "unmixed": nodes whose leaves agree; "all": every visited prefix
     description: str = ""
+    source: str = ""  # the paper or code it follows
+
+    @property
+    def in_rounds(self) -> bool:
+        """Whether stage 1 is a round sampler (`tracerl.core.samplers`) rather than one allocation."""
+        return self.root_policy in ROUND_SAMPLERS
 
     def root_budget(self, config: AllocationConfig, total: float | None = None) -> float:
         """Stage 1's share of `total` (the step's budget in its unit; config.budget by default)."""
@@ -227,6 +260,20 @@ METHODS: dict[str, MethodPreset] = {m.name: m for m in [
     MethodPreset("trace-uniform", "uniform", "uniform", "trace", "none",
                  description="ablation: GRPO's random batch, stage-2 budget spread evenly over prefixes (neither "
                              "stage active: the baseline of the stage ablation)"),
+    MethodPreset("dapo", "dapo", None, "grpo", "none", source=ROUND_SAMPLERS["dapo"].source,
+                 description="dynamic sampling: batches of n rollouts per prompt, groups with equal rewards dropped, "
+                             "refilled while the budget lasts"),
+    MethodPreset("reinforce_ada", "reinforce_ada", None, "reinforce_ada", "none",
+                 source=ROUND_SAMPLERS["reinforce_ada"].source,
+                 description="rounds per prompt until n/2 successes and n/2 failures, downsampled to n, baseline from "
+                             "all samples"),
+    MethodPreset("speed", "speed", None, "grpo", "none", source=ROUND_SAMPLERS["speed"].source,
+                 description="a screening round, then more rollouts only for prompts whose screening was mixed"),
+    MethodPreset("pilot_commit", "pilot_commit", None, "grpo", "none", source=ROUND_SAMPLERS["pilot_commit"].source,
+                 description="a pilot round, then a commit batch for prompts with pilot accuracy in [0.125, 0.75]"),
+    MethodPreset("knapsack_rl", "knapsack_rl", None, "grpo", "learned",
+                 source="KnapsackRL (arXiv 2509.25849), liziniu/KnapsackRL",
+                 description="GRPO's batch, its rollouts redistributed by KnapsackRL's knapsack on predicted p"),
 ]}
 
 

@@ -112,13 +112,13 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     ledger = prices.ledger()
     predict = predictor.predict if (predictor is not None and method.predictor != "none") else None
     grown = grow_trees(method, config, pool, predict, runner, ledger, rng, prices)
-    trees = grown.trees
-    prices.observe(trees)
+    trees = grown.trained  # what the update trains on; the prices and the predictor learn from every sampled tree
+    prices.observe(grown.trees)
     metrics: dict[str, Any] = {}
     scored = targets = None
     update_seconds = 0.0
     if predict is not None:
-        learned = learn(predictor, trees)
+        learned = learn(predictor, grown.trees)
         metrics.update(learned.metrics)
         scored, targets, update_seconds = learned.scored, learned.targets, learned.update_seconds
     advs = compute_advantages(method.advantage, trees, advantages)
@@ -136,8 +136,31 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
         "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
     })
     metrics.update({f"alloc/{k}": v for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
+    # the share of the step's budget charged (at most 1: the ledger refuses more) and, in tokens, the share actually
+    # sampled (above 1 where rollouts ran longer than the prices expected: the overspend, reported, never hidden)
+    metrics["alloc/budget_used"] = ledger.budget_spent / ledger.budget if ledger.budget else 0.0
+    if ledger.unit == "tokens":
+        metrics["alloc/tokens_of_budget"] = ledger.tokens_spent / ledger.budget if ledger.budget else 0.0
+    if grown.kept is not None:  # a round sampler: what each round spent, and what the step kept of it
+        metrics.update(round_metrics(grown))
     seconds = dict(grown.seconds, update=update_seconds)
     return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds)
+
+
+def round_metrics(grown: GrowthResult) -> dict[str, float]:
+    """A round sampler's step: `alloc/rounds`, each round's rollouts and sampled tokens (`alloc/round1_rollouts`,
+    `alloc/round1_tokens`, ...), the prompts and rollouts sampled and kept, and the sampled tokens of the rollouts
+    the update trains on (`alloc/tokens_kept`; the rest, `rollout/tokens` minus it, bought no gradient)."""
+    out: dict[str, float] = {"alloc/rounds": len(grown.rounds)}
+    for r, (rollouts, tokens) in enumerate(grown.rounds, start=1):
+        out[f"alloc/round{r}_rollouts"], out[f"alloc/round{r}_tokens"] = rollouts, tokens
+    out.update({
+        "alloc/prompts_sampled": len(grown.trees), "alloc/prompts_kept": len(grown.trained),
+        "alloc/rollouts_sampled": sum(len(t.leaves()) for t in grown.trees),
+        "alloc/rollouts_kept": sum(len(t.leaves()) for t in grown.trained),
+        "alloc/tokens_kept": sum(n.segment.num_tokens for t in grown.trained for n in t.nodes[1:]),
+    })
+    return out
 
 
 class Sampler:

@@ -15,8 +15,8 @@ builds trees, `to_json`/`from_json` give a lossless text form for whoever writes
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -154,6 +154,20 @@ class Tree:
             self.nodes.append(node)
             self.children.append([])
             self.children[node.parent_id].append(node.node_id)
+
+    def keep_rollouts(self, leaf_ids: Sequence[int]) -> "Tree":
+        """A new tree holding only the rollouts ending at `leaf_ids` (the nodes on their paths, renumbered in order;
+        parents, anchors and everything else of a node kept). A sampler that downsamples a prompt's group trains on
+        it; the tree it came from keeps every rollout for the predictor and the record."""
+        keep = sorted({i for leaf in leaf_ids for i in self.path(int(leaf))} | {0})
+        for leaf in leaf_ids:
+            if not self.nodes[int(leaf)].is_leaf:
+                raise ValueError(f"node {leaf} of prompt {self.prompt_id!r} is not a leaf")
+        new_id = {old: new for new, old in enumerate(keep)}
+        nodes = [replace(self.nodes[old], node_id=new_id[old], meta=dict(self.nodes[old].meta),
+                         parent_id=None if self.nodes[old].parent_id is None else new_id[self.nodes[old].parent_id],
+                         anchor_id=new_id[self.nodes[old].anchor_id]) for old in keep]
+        return Tree(self.prompt_id, nodes, self.meta)
 
     def truncate(self, num_nodes: int) -> None:
         """Drop every node from `num_nodes` on (a failed call's partial growth)."""

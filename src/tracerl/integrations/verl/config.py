@@ -90,6 +90,11 @@ class TraceVerlConfig:
             method = None
         if method is not None and method.predictor == "oracle":
             problems.append(f"method={self.method!r} needs the simulator's true p; pick trace or trace-root-only")
+        if method is not None and method.in_rounds:
+            problems.append(f"method={self.method!r} samples in rounds, each chosen from the last one's rewards, and "
+                            "the manager plans a step's prompts once before verl samples them; for DAPO's dynamic "
+                            "sampling use verl's own algorithm.filter_groups (docs/verl.md), or pick a one-shot "
+                            "method (trace, trace-root-only, grpo, pcl, knapsack_rl)")
         if self.advantage is not None and self.advantage not in ADVANTAGES:
             problems.append(f"advantage={self.advantage!r}; use one of {sorted(ADVANTAGES)} or null for the method's")
         if self.rm_scores not in RM_SCORES:
