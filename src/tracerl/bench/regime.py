@@ -5,7 +5,7 @@ gradient under a group-mean baseline, so the shares say how much an allocator ca
 one adds little ("little to allocate"); in a U-shaped regime (the paper's GRPO runs had about 27% mixed) skipping
 the all-fail and all-success prompts matters. `regime_shares` is the pure part (histogram and shares, overall and
 by question type); `run` samples a training config's starting policy through the real driver (`evaluate_rows`)
-and `to_markdown` writes the table the README quotes.
+and `to_markdown` writes the table docs/testbeds.md quotes.
 
 A prompt's success is its mean reward over the n samples: all-fail means every reward is 0, all-success every
 reward is 1 (rewards are in [0, 1]); the histogram counts round(mean * n) successes, exact for 0/1 rewards.
