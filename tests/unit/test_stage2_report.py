@@ -9,6 +9,7 @@ import pytest
 
 from tracerl.cli import main
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
+from tracerl.core.ledger import BudgetLedger
 from tracerl.core.metrics import raw_advantages, step_counts
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.runlog import write_trees
@@ -66,7 +67,7 @@ def counts(t: Tally) -> tuple:
 
 @pytest.mark.parametrize("estimator", ["trace", "grpo", "treepo"])
 def test_counts_by_origin_depth_and_p_match_hand_counts(estimator):
-    items = rollouts([mixed_tree(), all_fail_tree()], estimator, AdvantageConfig(), continuation_cost=0.5)
+    items = rollouts([mixed_tree(), all_fail_tree()], estimator, AdvantageConfig(), prices=BudgetLedger(1.0))
     summary = summarize_run(items)
     assert set(summary["origin"]) == {"fresh", "continuation"}
     # fresh: 4 rollouts at 1 unit; the mixed tree's two (7 + 5 tokens) informative, the all-fail tree's (6 + 3) not
@@ -103,7 +104,7 @@ def two_round_tree() -> Tree:
 def test_a_continuation_is_judged_against_the_rollout_that_created_its_anchor():
     tree = two_round_tree()
     assert creator_leaves(tree) == {1: 2, 2: 2, 3: 4, 4: 4, 5: 5}
-    items = rollouts([tree], "trace", AdvantageConfig(), continuation_cost=0.5)
+    items = rollouts([tree], "trace", AdvantageConfig(), prices=BudgetLedger(1.0))
     judged = sorted((r.anchor_depth, r.anchor_outcome, r.flipped, round(r.p_flip, 9)) for r in items if r.continuation)
     # from node 1 (its rollout succeeded): the failure flipped it, predicted 1 - 0.8; from node 3 (created by the
     # failed round-1 continuation): the failure did not, predicted 0.4
@@ -118,9 +119,10 @@ def test_totals_agree_with_the_step_metrics():
     config = AdvantageConfig()
     for estimator in ("trace", "treepo"):
         advantages = compute_advantages(estimator, trees, config)
-        step = step_counts(trees, advantages, 6.0, 34, raw_advantages=raw_advantages(estimator, trees, advantages,
-                                                                                     config), continuation_cost=0.25)
-        items = rollouts(trees, estimator, config, continuation_cost=0.25)
+        prices = BudgetLedger(6.0, continuation_cost=0.25)
+        step = step_counts(trees, advantages, 6.0, 34, prices=prices,
+                           raw_advantages=raw_advantages(estimator, trees, advantages, config))
+        items = rollouts(trees, estimator, config, prices=prices)
         assert sum(r.informative for r in items) == step["num_informative_rollouts"]
         assert sum(r.units for r in items if r.informative) == step["informative_units"]
         assert sum(r.sampled_tokens for r in items if r.informative) == step["num_informative_sampled_tokens"]
@@ -144,8 +146,8 @@ def test_seed_mean_is_the_t_interval_over_seeds_and_skips_undefined_seeds():
 
 def test_across_seeds_pairs_continuation_and_fresh_per_seed():
     trees = [mixed_tree(), all_fail_tree()]
-    seed_a = summarize_run(rollouts(trees, "trace", AdvantageConfig(), 0.5))
-    seed_b = summarize_run(rollouts(trees[:1], "trace", AdvantageConfig(), 0.5))  # the mixed tree only
+    seed_a = summarize_run(rollouts(trees, "trace", AdvantageConfig(), BudgetLedger(1.0)))
+    seed_b = summarize_run(rollouts(trees[:1], "trace", AdvantageConfig(), BudgetLedger(1.0)))  # the mixed tree only
     pooled = across_seeds([seed_a, seed_b])
     fresh = pooled["tables"]["origin"]["fresh"]
     assert fresh["num_seeds"] == 2
@@ -207,7 +209,7 @@ def test_fresh_rollouts_are_tallied_by_the_grant_of_their_prompt():
     """A grant is the fresh rollouts in a prompt's tree, however many continuations it also holds."""
     trees = [mixed_tree(), all_fail_tree(), uniform_tree("three", [1.0, 0.0, 0.0]),
              uniform_tree("three-fail", [0.0, 0.0, 0.0])]
-    summary = summarize_run(rollouts(trees, "trace", AdvantageConfig(), continuation_cost=0.5))
+    summary = summarize_run(rollouts(trees, "trace", AdvantageConfig(), prices=BudgetLedger(1.0)))
     # grant 2: the mixed tree's two fresh rollouts (informative, 7 + 5 tokens) and the all-fail tree's (6 + 3, not)
     # grant 3: the mixed group's three (2 tokens each, informative), the all-fail group's three (not)
     assert {k: counts(t) for k, t in summary["grant"].items()} == {2: (4, 2, 4.0, 2.0, 21, 12),

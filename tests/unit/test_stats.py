@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
+from tracerl.core.ledger import BudgetLedger
 from tracerl.core.metrics import ratios, step_counts
 from tracerl.core.stats import (
     Curve,
@@ -106,7 +107,7 @@ def _star(rewards, prompt_id, tokens=5):
 def test_informative_rollouts_are_those_of_mixed_groups():
     trees = [_star([1, 0, 0], "mixed"), _star([1, 1, 1, 1], "all-success"), _star([0, 0], "all-fail")]
     adv = compute_advantages("grpo", trees)
-    counts = step_counts(trees, adv, units_spent=9.0, tokens_spent=45)
+    counts = step_counts(trees, adv, units_spent=9.0, tokens_spent=45, prices=BudgetLedger(9.0))
     assert counts["num_informative_rollouts"] == 3
     assert counts["num_informative_tokens"] == 15
     measures = ratios(counts)
@@ -129,7 +130,8 @@ def test_informative_counts_read_the_advantages_before_batch_whitening():
     assert all(np.all(np.abs(row) > 1e-6) for row in whitened[1].values)  # the batch mean is not 0 here
     raw = [compute_advantages("treepo", [tree])[0] for tree in trees]  # alone, a tree is whitened by itself only
     assert not any(np.any(row) for row in raw[1].values)
-    counts = step_counts(trees, whitened, units_spent=8.0, tokens_spent=42, raw_advantages=raw)
+    counts = step_counts(trees, whitened, units_spent=8.0, tokens_spent=42, prices=BudgetLedger(8.0),
+                         raw_advantages=raw)
     assert counts["num_informative_rollouts"] == 4
     assert counts["num_informative_tokens"] == 4 * 5 + 3 * 2
     assert counts["num_nonzero_adv_tokens"] == counts["num_informative_tokens"] + 4 * 5  # whitened: all of them
@@ -145,7 +147,7 @@ def test_a_continuation_is_priced_at_its_cost_and_its_own_tokens():
     for r in (1, 0):
         tree.add_child(inner, Segment.text_only("answer", "", 6, 0), reward=r, origin="continuation", anchor_id=inner)
     adv = compute_advantages("trace", [tree])
-    counts = step_counts([tree], adv, units_spent=2.0, tokens_spent=19)
+    counts = step_counts([tree], adv, units_spent=2.0, tokens_spent=19, prices=BudgetLedger(2.0))
     assert counts["num_informative_rollouts"] == 3
     assert counts["informative_units"] == pytest.approx(1 + 0.5 + 0.5)
     assert counts["num_informative_sampled_tokens"] == 7 + 6 + 6
@@ -153,14 +155,15 @@ def test_a_continuation_is_priced_at_its_cost_and_its_own_tokens():
     assert measures["informative_rollouts_per_budget"] == pytest.approx(1.5)  # more than one per unit: unpriced
     assert measures["informative_units_per_unit"] == pytest.approx(1.0)
     assert measures["informative_sampled_tokens_per_token"] == pytest.approx(1.0)
-    assert ratios(step_counts([tree], adv, 2.5, 19, continuation_cost=0.75))["informative_units_per_unit"] == \
-        pytest.approx(2.5 / 2.5)
-    assert step_counts([tree], adv, 2.5, 19, continuation_cost=0.75)["informative_units"] == pytest.approx(2.5)
+    dearer = step_counts([tree], adv, 2.5, 19, prices=BudgetLedger(2.5, continuation_cost=0.75))
+    assert ratios(dearer)["informative_units_per_unit"] == pytest.approx(2.5 / 2.5)
+    assert dearer["informative_units"] == pytest.approx(2.5)
 
 
 def test_priced_measures_of_uninformative_rollouts_are_zero():
     trees = [_star([1, 0], "mixed", tokens=4), _star([1, 1], "all-success", tokens=10)]
-    counts = step_counts(trees, compute_advantages("grpo", trees), units_spent=4.0, tokens_spent=28)
+    counts = step_counts(trees, compute_advantages("grpo", trees), units_spent=4.0, tokens_spent=28,
+                         prices=BudgetLedger(4.0))
     measures = ratios(counts)
     assert measures["informative_units_per_unit"] == pytest.approx(2 / 4)
     assert measures["informative_sampled_tokens_per_token"] == pytest.approx(8 / 28)

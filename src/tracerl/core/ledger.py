@@ -67,6 +67,15 @@ class BudgetLedger:
         """Units of one rollout: 1.0 fresh, `continuation_cost` when it continues a prefix."""
         return self.continuation_cost if continuation else 1.0
 
+    def rollout_price(self, tree: Tree, leaf: int) -> tuple[float, int]:
+        """(trajectory units, sampled policy tokens) of the rollout ending at `leaf`: `rollout_cost` of its kind (fresh
+        when anchored at the root, else a continuation) and the policy tokens of the nodes below its anchor, the
+        tokens it sampled itself. Every measure that prices a rollout asks this."""
+        anchor = tree.nodes[leaf].anchor_id
+        path = tree.path(leaf)
+        own = path[path.index(anchor) + 1:]
+        return self.rollout_cost(anchor != 0), sum(tree.nodes[i].segment.num_policy_tokens for i in own)
+
     def rollout_units(self, num_rollouts: float, continuation: bool) -> float:
         """Trajectory units of `num_rollouts` rollouts of one kind."""
         return float(num_rollouts) * self.rollout_cost(continuation)

@@ -4,8 +4,8 @@ The primary measure is informative samples: rollouts, and policy tokens, whose a
 whitening is non-zero. That is what a policy gradient can learn from. It leads priced, each sample at what it cost:
 
 - `informative_units_per_unit`: informative rollouts weighted by their budget cost (a fresh rollout 1, a
-  continuation `continuation_cost`, 0.5 by default) over the units spent: the share of the budget that bought
-  signal. Counting a continuation as a whole rollout per unit (`informative_rollouts_per_budget`) makes a tree look
+  continuation `allocation.continuation_cost`, as the step's ledger prices it) over the units spent: the share of the
+  budget that bought signal. Counting a continuation as a whole rollout per unit (`informative_rollouts_per_budget`) makes a tree look
   better by accounting alone: 2 informative continuations then count 2 for the price of 1.
 - `informative_sampled_tokens_per_token`: the tokens each informative rollout sampled itself (below its anchor;
   a shared prefix counts once, with the rollout that sampled it) over all sampled tokens. At most 1.
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tracerl.core.ledger import CONTINUATION_COST
+from tracerl.core.ledger import BudgetLedger
 from tracerl.core.advantages import (
     BEFORE_BATCH_WHITENING,
     AdvantageConfig,
@@ -50,26 +50,17 @@ def raw_advantages(name: str, trees: Sequence[Tree], advantages: Sequence[TreeAd
     return advantages if before is None else before(list(trees), config or AdvantageConfig())
 
 
-def rollout_price(tree: Tree, leaf: int, continuation_cost: float = CONTINUATION_COST) -> tuple[float, int]:
-    """(budget units, sampled policy tokens) of the rollout ending at `leaf`: 1 for a fresh rollout (anchored at the
-    root), `continuation_cost` for a continuation; its tokens are those of the nodes below its anchor."""
-    anchor = tree.nodes[leaf].anchor_id
-    path = tree.path(leaf)
-    own = path[path.index(anchor) + 1:]
-    return (1.0 if anchor == 0 else continuation_cost), sum(tree.nodes[i].segment.num_policy_tokens for i in own)
-
-
 def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], units_spent: float,
-                tokens_spent: int, atol: float = 1e-12,
-                raw_advantages: Sequence[TreeAdvantages] | None = None,
-                continuation_cost: float = CONTINUATION_COST) -> dict[str, float]:
+                tokens_spent: int, *, prices: BudgetLedger, atol: float = 1e-12,
+                raw_advantages: Sequence[TreeAdvantages] | None = None) -> dict[str, float]:
     """Raw counts of one step: selected prompts, mixed trees and anchors, policy tokens, budget spent, and the
-    informative rollouts and tokens, counted and priced (`rollout_price`).
+    informative rollouts and tokens, counted and priced by `prices` (the step's ledger, or one built from the run's
+    config: `BudgetLedger.rollout_price`).
 
     `advantages` are what the policy is trained on; `raw_advantages` the same estimator's output before any
     batch-level whitening (defaults to `advantages`, right for every estimator that does not whiten over the
     batch). Informative counts read the raw ones: whitening gives an all-equal tree non-zero advantages that
-    carry no contrast. `continuation_cost` is the run's `allocation.continuation_cost`."""
+    carry no contrast."""
     num_mixed_trees = num_anchors = num_mixed_anchors = 0
     num_leaves = num_success = 0
     for tree in trees:
@@ -88,7 +79,7 @@ def step_counts(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], uni
     for tree, adv in zip(trees, raw):
         for leaf, row in zip(adv.leaf_ids, adv.values):
             if np.any(np.abs(row) > atol):
-                units, tokens = rollout_price(tree, leaf, continuation_cost)
+                units, tokens = prices.rollout_price(tree, leaf)
                 num_informative += 1
                 informative_units += units
                 informative_sampled += tokens

@@ -122,9 +122,8 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
         metrics.update(learned.metrics)
         scored, targets, update_seconds = learned.scored, learned.targets, learned.update_seconds
     advs = compute_advantages(method.advantage, trees, advantages)
-    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent,
-                         raw_advantages=raw_advantages(method.advantage, trees, advs, advantages),
-                         continuation_cost=ledger.rollout_cost(continuation=True))
+    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent, prices=ledger,
+                         raw_advantages=raw_advantages(method.advantage, trees, advs, advantages))
     measures = ratios(counts)
     metrics.update({f"alloc/{k}": v for k, v in measures.items()})
     metrics.update({

@@ -128,9 +128,11 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
     import dataclasses
 
     from tracerl.core.advantages import AdvantageConfig, compute_advantages
+    from tracerl.core.ledger import make_prices
+    from tracerl.core.methods import AllocationConfig, get_method
     from tracerl.core.metrics import INFORMATIVE_MEASURES, raw_advantages, ratios, step_counts
-    from tracerl.core.methods import get_method
     from tracerl.core.tree import Tree
+    from tracerl.io.config import from_dict
 
     config_path = run_path(run_dir, "config.json")
     if not config_path.exists():
@@ -139,7 +141,9 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
     known = {f.name for f in dataclasses.fields(AdvantageConfig)}
     adv_config = AdvantageConfig(**{k: v for k, v in config.get("advantages", {}).items() if k in known})
     estimator = get_method(config["method"]).advantage
-    continuation_cost = config.get("allocation", {}).get("continuation_cost", 0.5)
+    allocation = {k: v for k, v in config.get("allocation", {}).items()
+                  if k in {f.name for f in dataclasses.fields(AllocationConfig)}}  # as the run priced its rollouts
+    prices = make_prices(from_dict(AllocationConfig, allocation, where="allocation")).ledger()
     for row in train:
         try:
             trees = [Tree.from_dict(t) for t in read_trees(run_dir, row["step"])["trees"]]
@@ -147,8 +151,8 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
             continue
         advantages = compute_advantages(estimator, trees, adv_config)
         raw = raw_advantages(estimator, trees, advantages, adv_config)
-        counts = step_counts(trees, advantages, row["rollout/units"], row["rollout/tokens"], raw_advantages=raw,
-                             continuation_cost=continuation_cost)
+        counts = step_counts(trees, advantages, row["rollout/units"], row["rollout/tokens"], prices=prices,
+                             raw_advantages=raw)
         row.update({f"alloc/{key}": value for key, value in ratios(counts).items() if key in INFORMATIVE_MEASURES})
 
 

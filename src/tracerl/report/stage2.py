@@ -1,7 +1,7 @@
 """`tracerl bench stage2`: do stage-2 continuations pay for what they cost, compared with fresh rollouts?
 
 Read from the trees a `method=trace` run saves (`trees/step-*.json.gz`, `run.save_trees=true`). Every rollout (leaf)
-is one sample bought at a price (`tracerl.core.metrics.rollout_price`): a fresh rollout (anchored at the root) costs
+is one sample bought at a price (`tracerl.core.ledger.BudgetLedger.rollout_price`): a fresh rollout (anchored at the root) costs
 1 budget unit, a continuation (anchored at an intermediate prefix) `allocation.continuation_cost` units, and each
 sampled the policy tokens below its anchor itself (a shared prefix counts once, with the rollout that sampled it).
 A rollout is informative when its advantage before any batch-level whitening is non-zero
@@ -54,9 +54,9 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
-from tracerl.core.ledger import make_prices
+from tracerl.core.ledger import BudgetLedger, make_prices
 from tracerl.core.methods import AllocationConfig, get_method
-from tracerl.core.metrics import raw_advantages, rollout_price
+from tracerl.core.metrics import raw_advantages
 from tracerl.core.stats import SeedMean, seed_mean
 from tracerl.core.tree import Tree
 from tracerl.io.config import from_dict, load_file
@@ -75,8 +75,8 @@ class Rollout:
     continuation: bool  # anchored below the root (stage 2)
     anchor_depth: int  # turns in the anchor's prefix (0 for a fresh rollout)
     p_anchor: float | None  # the predictor's success probability at the anchor; None where none was recorded
-    units: float  # budget units (rollout_price)
-    sampled_tokens: int  # policy tokens sampled below the anchor (rollout_price)
+    units: float  # budget units (BudgetLedger.rollout_price)
+    sampled_tokens: int  # policy tokens sampled below the anchor (BudgetLedger.rollout_price)
     informative: bool  # non-zero advantage before batch-level whitening
     anchor_outcome: int | None = None  # continuations: the outcome (0/1) of the rollout that created the anchor
     flipped: bool | None = None  # continuations: its outcome differs from anchor_outcome
@@ -132,9 +132,9 @@ def _div(a: float, b: float) -> float:
     return float(a) / float(b) if b else float("nan")
 
 
-def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, continuation_cost: float,
+def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, prices: BudgetLedger,
              atol: float = 1e-12) -> list[Rollout]:
-    """Every leaf of one step's `trees` as a `Rollout`. Advantages are the step metrics' own: `compute_advantages`
+    """Every leaf of one step's `trees` as a `Rollout`, priced by `prices` (a ledger of the run's prices). Advantages are the step metrics' own: `compute_advantages`
     of the run's estimator, then `raw_advantages` (its form before batch whitening); a rollout is informative when
     any of its segments' values exceeds `atol` in size (`tracerl.core.metrics.step_counts`' test)."""
     advantages = compute_advantages(estimator, trees, config)
@@ -145,7 +145,7 @@ def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, con
         grant = sum(1 for n in tree.nodes if n.is_leaf and n.anchor_id == 0)
         for leaf, row in zip(adv.leaf_ids, adv.values):
             anchor = tree.nodes[tree.nodes[leaf].anchor_id]
-            units, tokens = rollout_price(tree, leaf, continuation_cost)
+            units, tokens = prices.rollout_price(tree, leaf)
             r = flipped = None
             if anchor.node_id != 0:
                 r = _outcome(tree.nodes[creator[anchor.node_id]].reward)
@@ -239,16 +239,16 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     estimator = get_method(config["method"]).advantage
     adv_config = from_dict(AdvantageConfig, config.get("advantages", {}), where="advantages")
     allocation = from_dict(AllocationConfig, config.get("allocation", {}), where="allocation")
-    continuation_cost = make_prices(allocation).ledger().rollout_cost(continuation=True)
+    prices = make_prices(allocation).ledger()
     steps = sorted(int(p.name[5:11]) for p in (run_dir / TREES_DIR).glob("step-*.json.gz"))
     if not steps:
         raise ValueError(f"{run_dir} has no saved trees; train with run.save_trees=true")
     items: list[Rollout] = []
     for step in steps:
         trees = [Tree.from_dict(t) for t in read_trees(run_dir, step)["trees"]]
-        items += rollouts(trees, estimator, adv_config, continuation_cost)
+        items += rollouts(trees, estimator, adv_config, prices)
     return {"name": run_dir.name, "method": config["method"], "estimator": estimator,
-            "continuation_cost": continuation_cost, "num_steps": len(steps), "rollouts": items}
+            "continuation_cost": prices.rollout_cost(continuation=True), "num_steps": len(steps), "rollouts": items}
 
 
 def report(run_dirs: Sequence[str | Path]) -> dict[str, Any]:

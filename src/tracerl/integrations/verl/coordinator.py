@@ -64,8 +64,7 @@ def step_metrics(trees: Sequence[Tree], config: TraceVerlConfig) -> dict[str, fl
     name = config.advantage_name
     advs = [compute_advantages(name, [tree], options)[0] for tree in trees]
     raw = [raw_advantages(name, [tree], [adv], options)[0] for tree, adv in zip(trees, advs)]
-    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent, raw_advantages=raw,
-                         continuation_cost=ledger.rollout_cost(continuation=True))
+    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent, prices=ledger, raw_advantages=raw)
     measures = ratios(counts)
     metrics = {f"alloc/{k}": float(v) for k, v in measures.items()}
     metrics.update({f"alloc/{k}": float(v) for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
