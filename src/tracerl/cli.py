@@ -213,9 +213,31 @@ def _report_faults(run_dir) -> int:
     return 0
 
 
+def _eval_config_path(args: argparse.Namespace) -> str | None:
+    """The config `tracerl eval` reads: --config; else, with --out, the run's own `config.json` (what `tracerl train`
+    saved); else the built-in defaults. A checkpoint without either is refused with the fix: the defaults would build
+    another policy than the run trained, and a checkpoint loads only beside the run's config.json (`Trainer.resume`)."""
+    if args.config or not args.out:
+        return args.config
+    from tracerl.io.run_folder import run_path
+
+    saved = run_path(args.out, "config.json")  # a symlink there is refused, not read as this run's
+    if saved.is_file():
+        return str(saved)
+    if not args.checkpoint:
+        return None  # the defaults' starting policy, as without --out
+    if not run_path(args.out, "checkpoints").is_dir():
+        raise ValueError(f"{args.out} holds neither a config.json nor checkpoints, so it is no run folder of tracerl "
+                         "train; give --out the folder the run was trained in")
+    raise ValueError(f"{args.out} holds no config.json (tracerl train saves it there), so nothing says which policy "
+                     "and task its checkpoint belongs to; copy the config.json of its latest checkpoint "
+                     f"({Path(args.out) / 'checkpoints' / 'step-NNNNNN' / 'config.json'}) to {saved}")
+
+
 def _eval(args: argparse.Namespace) -> int:
     from tracerl.train.trainer import Trainer, format_eval
 
+    args.config = _eval_config_path(args)
     args.set = [*(args.set or []), "run.tensorboard=false"]
     config = _train_config(args)
     trainer = Trainer(config, say=_say)
@@ -248,7 +270,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _warmstart(args: argparse.Namespace) -> int:
-    from tracerl.policy.embedded import build_embedded
+    from tracerl.policy.embedded import CHECK_SPLIT, build_embedded
     from tracerl.train.policy import embedded_domain
     from tracerl.train.config import load_config
 
@@ -259,7 +281,8 @@ def _warmstart(args: argparse.Namespace) -> int:
     policy = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
                             rebuild=not args.keep, progress=_say, domain=embedded_domain(config))
     metrics = policy.metrics()
-    print(f"embedded policy in {policy.path}: held-out success {metrics['eval/success']:.1%} ± "
+    print(f"embedded policy in {policy.path}: held-out success on the {CHECK_SPLIT} split "
+          f"{metrics['eval/success']:.1%} ± "
           f"{metrics['eval/success_se']:.1%} ({metrics['eval/num_prompts']} questions x "
           f"{metrics['eval/num_rollouts'] // metrics['eval/num_prompts']}), built in "
           f"{metrics['sys/build_seconds']:.0f} s, weights sha256 {metrics['build/weights_sha256'][:16]}")
@@ -361,7 +384,8 @@ def _methods(args: argparse.Namespace) -> int:
     for m in METHODS.values():
         stage2 = m.prefix_policy or "-"
         source = f" [{m.source}]" if m.source else ""
-        print(f"{m.name:<22} stage1={m.root_policy:<13} stage2={stage2:<10} adv={m.advantage:<13} {m.description}{source}")
+        print(f"{m.name:<22} stage1={m.root_policy:<13} stage2={stage2:<10} adv={m.advantage:<13} "
+              f"{m.description}{source}")
     return 0
 
 
@@ -479,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="held-out success of a policy (the run's latest checkpoint with --checkpoint)")
     _add_run_options(p)
-    p.add_argument("--out", help="run directory whose checkpoint to evaluate")
+    p.add_argument("--out", help="run directory whose checkpoint to evaluate; without --config, its config.json "
+                                 "(saved by tracerl train) is the config")
     p.add_argument("--checkpoint", action="store_true", help="load the run directory's latest checkpoint first")
     p.set_defaults(func=_eval)
 

@@ -11,7 +11,8 @@
 4. a random-init tiny Qwen3, trained by supervised fine-tuning on the traces rendered exactly as the rollout driver
    renders them (same `ChatRenderer`); the loss covers policy tokens only (assistant turns, mask 1), never the
    prompt or the tool responses (mask 0);
-5. a held-out evaluation through the real `ReActDriver` + `TransformersEngine` (`evaluate`).
+5. a held-out evaluation on the test split (`CHECK_SPLIT`), through the real `ReActDriver` + `TransformersEngine`
+   (`evaluate`).
 Another domain with a scripted expert (`build_embedded(..., domain=...)`: `MathDomain`, `FuncallDomain`, or a user's
 task, `UserTaskDomain`, docs/tasks.md) replaces steps 1-2's world and expert with the domain's training rows and
 expert, and a noisy turn is then the expert's turn for another row at the same point (another question's program,
@@ -326,6 +327,11 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
         return _build(config, path, say, domain)
 
 
+# The split the build's held-out check reads (`eval/success` in its metrics.json): apart from the warm start's questions
+# (multihop's own warmup split, or the training split) and from RL's.
+CHECK_SPLIT = "test"
+
+
 def warmup_seed(seed: int) -> int:
     """The seed a built-in domain's warm-start rows are drawn with: a stream no small run seed draws."""
     return 1_000_003 + seed
@@ -378,7 +384,7 @@ def _build(config: EmbeddedConfig, path: Path, say: Progress, domain: Any) -> Em
     own_world = domain is None  # the multihop world the config describes
     domain = domain or config.make_domain()
     rows = _warmup_rows(domain, config, own_world)
-    say(f"{len(rows)} expert traces")
+    say(f"{len(rows)} expert traces on questions of the {'warmup' if own_world else 'train'} split")
     episodes = _expert_episodes(domain, rows, config, own_world)
     documents = [f"{d['title']}: {d['text']}" for d in domain.kb.documents] if hasattr(domain, "kb") else []
     schemas = [] if own_world else [json.dumps(domain.make_env().tools())]  # multihop's build stays as it was
@@ -402,8 +408,8 @@ def _build(config: EmbeddedConfig, path: Path, say: Progress, domain: Any) -> Em
         losses = train_sft(model, traces, config, tokenizer.pad_token_id, say)
     sft_seconds = time.perf_counter() - sft_started
     policy = EmbeddedPolicy(tokenizer, model, renderer, domain, config, path)
-    result = evaluate(policy, "test", config.num_eval_prompts, config.eval_samples_per_prompt, seed=config.seed)
-    say(f"held-out success {result['eval/success']:.1%} +- {result['eval/success_se']:.1%} "
+    result = evaluate(policy, CHECK_SPLIT, config.num_eval_prompts, config.eval_samples_per_prompt, seed=config.seed)
+    say(f"held-out success on the {CHECK_SPLIT} split {result['eval/success']:.1%} +- {result['eval/success_se']:.1%} "
         f"({config.num_eval_prompts} questions x {config.eval_samples_per_prompt} samples, temperature 1)")
     window = max(1, len(losses) // 50)  # the loss curve as at most ~50 window means
     metrics = {"train/sft_loss_curve": [float(np.mean(losses[i: i + window])) for i in range(0, len(losses), window)],

@@ -23,19 +23,20 @@ KEYLESS_DEFAULTS = {"warmup_hop_mix": [], "split_digits": False, "warmup_options
 class EmbeddedConfig:
     """Everything that determines the embedded policy; its hash names the cache folder."""
 
-    # -- task (MultiHopDomain)
-    num_entities: int = 300  # real entities in the generated world; more = more distinct names to copy
-    num_distractors: int = 120  # look-alike entities that crowd search results; more = harder reading
-    hops: tuple[int, int] = (1, 5)  # inclusive range of relations per question; more hops = longer, harder episodes
-    hop_mix: tuple[float, ...] = ()  # weight of each hop count in every split (() = uniform over `hops`)
-    warmup_hop_mix: tuple[float, ...] = ()  # hop weights of the warm start's questions only (() = hop_mix)
-    missing_share: float = 0.0  # share of real entities without a document, drawn at random
-    missing_kinds: tuple[str, ...] = ("university",)  # kinds of entity without documents (the question shows them)
-    unanswerable_share: float = 0.25  # share of questions whose chain needs a missing document (they cannot succeed)
-    warmup_fraction: float = 0.3  # share of question chains kept for the warm start, apart from RL and test
-    search_k: int = 1  # documents per search; 1 halves the trace length (the expert's query still ranks first)
-    domain_seed: int = 0  # seed of the world (documents and question pool)
-    max_turns: int = 5  # policy turns per rollout: k hops need k + 1, so 4 hops have no slack and 5 cannot succeed
+    # -- task: the multihop world (MultiHopDomain), whose fields' docs start "(multihop only)" (`tracerl config`
+    # prints them; another domain or a task of your own ignores these fields), then every domain's turn limits
+    num_entities: int = 300  # (multihop only) real entities in the generated world; more = more distinct names to copy
+    num_distractors: int = 120  # (multihop only) look-alike entities that crowd search results; more = harder reading
+    hops: tuple[int, int] = (1, 5)  # (multihop only) inclusive range of relations per question; more = longer, harder
+    hop_mix: tuple[float, ...] = ()  # (multihop only) weight of each hop count in every split (() = uniform over `hops`)
+    warmup_hop_mix: tuple[float, ...] = ()  # (multihop only) hop weights of the warm start's questions only (() = hop_mix)
+    missing_share: float = 0.0  # (multihop only) share of real entities without a document, drawn at random
+    missing_kinds: tuple[str, ...] = ("university",)  # (multihop only) kinds of entity without documents (questions show them)
+    unanswerable_share: float = 0.25  # (multihop only) share of questions needing a missing document (they cannot succeed)
+    warmup_fraction: float = 0.3  # (multihop only) share of question chains kept for the warm start, apart from RL, test
+    search_k: int = 1  # (multihop only) documents per search; 1 halves the trace length (the expert's query ranks first)
+    domain_seed: int = 0  # (multihop only) seed of the world (documents and question pool)
+    max_turns: int = 5  # policy turns per rollout, every domain (multihop: k hops need k + 1, so at 5, 5 hops cannot succeed)
     max_tokens_per_turn: int = 64  # sampled tokens per turn; an expert turn is about 30
     max_tokens_per_rollout: int = 1024  # policy + observation tokens after the prompt
     # -- expert traces

@@ -1,7 +1,9 @@
 """`tracerl report`: one run's `report.md` and its PNG figures, written into the run directory.
 
 From `metrics.jsonl`: training success (`rollout/success_rate`) and held-out success (`eval/success`, error bars
-`eval/success_se`) per step (`success.png`), and the effective ratio per step (`effective_ratio.png`). From the
+`eval/success_se`) per step (`success.png`), and the effective ratio per step (`effective_ratio.png`). A method whose
+stage 1 selects prompts (anything but GRPO's uniform random batch) gets a note there (`selection_note`): its training
+success is over the prompts it chose, near p = 0.5, not the policy's success on the training set. From the
 saved trees (`trees/step-*.json.gz`, `run.save_trees=true`):
 
 - predictor calibration (`calibration.png`): every node that carries a prediction (`p_pred`: roots scored by stage 1,
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.core.calibration import calibration_metrics, expand_soft_targets, reliability
+from tracerl.core.methods import METHODS
 from tracerl.core.tree import Tree
 from tracerl.io.files import read_utf8
 from tracerl.io.run_folder import replacing, run_path, write_atomic
@@ -77,6 +80,26 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "domain": domain or "unknown"}
 
 
+def selecting_stage1(method: str) -> str | None:
+    """The stage-1 policy of `method` when it chooses which prompts to sample and how many rollouts each gets (pcl,
+    trace's knapsack, the round samplers: anything but GRPO's uniform random batch); None for a uniform stage 1 or a
+    method this version does not know."""
+    preset = METHODS.get(method)
+    return preset.root_policy if preset is not None and preset.root_policy != "uniform" else None
+
+
+def selection_note(method: str) -> str:
+    """Why a selecting stage 1's training success is not the policy's success on the training set ('' otherwise)."""
+    stage1 = selecting_stage1(method)
+    if stage1 is None:
+        return ""
+    return (f"Training success is over the prompts `{method}`'s stage 1 (`{stage1}`) chose to sample, not over the "
+            "training set: it draws prompts whose success is near p = 0.5 (mixed groups, where the gradient is) and "
+            "spends little or nothing on those that all fail or all succeed, so this rate moves with what it chose as "
+            "well as with the policy, and can fall while held-out success rises. Held-out success, on questions drawn "
+            "without selection, is the policy's.")
+
+
 def calibration_summary(pred: np.ndarray) -> dict[str, dict[str, float]]:
     """Brier / ECE / AUC and counts for all predicted nodes, roots only and prefixes only."""
     out = {}
@@ -102,8 +125,9 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
     if train or evals:
         fig, ax = plt.subplots(figsize=(6, 4))
         if train:
+            chosen = ", on prompts chosen near p = 0.5" if selecting_stage1(run["method"]) else ""
             ax.plot([r["step"] for r in train], [_value(r, "rollout/success_rate") for r in train], ".-",
-                    label="training rollouts (rollout/success_rate)")
+                    label=f"training rollouts (rollout/success_rate{chosen})")
         if evals:
             ax.errorbar([r["step"] for r in evals], [_value(r, "eval/success") for r in evals],
                         yerr=[_value(r, "eval/success_se") for r in evals], fmt="o-", capsize=3,
@@ -225,6 +249,9 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
         lines.append(f"Training rollouts (rollout/success_rate): {_pct(train[0].get('rollout/success_rate'))} at "
                      f"step {train[0]['step']} -> {_pct(train[-1].get('rollout/success_rate'))} at step "
                      f"{train[-1]['step']}.")
+        note = selection_note(run["method"])
+        if note:
+            lines += ["", note]
     lines += [""] + ([f"![training and held-out success per step]({FIGURES['success']})", ""]
                      if "success" in figures else ["No training or evaluation rows in metrics.jsonl.", ""])
     lines += ["## Effective ratio", ""]
