@@ -122,19 +122,10 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
         metrics.update(learned.metrics)
         scored, targets, update_seconds = learned.scored, learned.targets, learned.update_seconds
     advs = compute_advantages(method.advantage, trees, advantages)
-    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent, prices=ledger,
-                         raw_advantages=raw_advantages(method.advantage, trees, advs, advantages))
-    measures = ratios(counts)
-    metrics.update({f"alloc/{k}": v for k, v in measures.items()})
-    metrics.update({
-        "alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
-        "alloc/num_continuations": grown.num_continuations, "alloc/units_root": 0.0, "alloc/units_prefix": 0.0,
-        "alloc/tokens_root": 0, "alloc/tokens_prefix": 0,
-        "alloc/stage1_value": grown.stage1_value,
-        "rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
-        "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent,
-    })
-    metrics.update({f"alloc/{k}": v for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
+    counts, measured = measure(trees, advs, raw_advantages(method.advantage, trees, advs, advantages), ledger)
+    metrics.update(measured)
+    metrics.update({"alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
+                    "alloc/num_continuations": grown.num_continuations, "alloc/stage1_value": grown.stage1_value})
     # the share of the step's budget charged (at most 1: the ledger refuses more) and, in tokens, the share actually
     # sampled (above 1 where rollouts ran longer than the prices expected: the overspend, reported, never hidden)
     metrics["alloc/budget_used"] = ledger.budget_spent / ledger.budget if ledger.budget else 0.0
@@ -144,6 +135,24 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
         metrics.update(round_metrics(grown))
     seconds = dict(grown.seconds, update=update_seconds)
     return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds)
+
+
+def measure(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], raw: Sequence[TreeAdvantages],
+            ledger: BudgetLedger) -> tuple[dict[str, float], dict[str, Any]]:
+    """The step's measures from its trees, their advantages (`raw`: before any batch whitening) and its ledger, the one
+    place they are built (this step, and verl's coordinator for trees grown by verl's workers): the counts
+    (`tracerl.core.metrics.step_counts`, to pool over steps) and the metrics, every ratio as `alloc/<name>`, the spend
+    by kind (`alloc/units_root`, `alloc/tokens_prefix`, ...; zero for a kind not spent) and `rollout/success_rate`,
+    `num_rollouts`, `units`, `tokens`."""
+    counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent, prices=ledger, raw_advantages=raw)
+    measures = ratios(counts)
+    metrics: dict[str, Any] = {f"alloc/{k}": v for k, v in measures.items()}
+    metrics.update({"alloc/units_root": 0.0, "alloc/units_prefix": 0.0, "alloc/tokens_root": 0,
+                    "alloc/tokens_prefix": 0})
+    metrics.update({f"alloc/{k}": v for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
+    metrics.update({"rollout/success_rate": measures["success_rate"], "rollout/num_rollouts": counts["num_leaves"],
+                    "rollout/units": ledger.units_spent, "rollout/tokens": ledger.tokens_spent})
+    return counts, metrics
 
 
 def round_metrics(grown: GrowthResult) -> dict[str, float]:

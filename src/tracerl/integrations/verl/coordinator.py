@@ -28,9 +28,9 @@ import numpy as np
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.history import History
 from tracerl.core.ledger import BudgetLedger, Prices, make_prices
-from tracerl.core.metrics import ratios, raw_advantages, step_counts
+from tracerl.core.metrics import raw_advantages
 from tracerl.core.predictor import make_predictor
-from tracerl.core.step import learn
+from tracerl.core.step import learn, measure
 from tracerl.core.tree import Tree
 from tracerl.integrations.verl.config import TraceVerlConfig, task_domain
 
@@ -64,14 +64,8 @@ def step_metrics(trees: Sequence[Tree], config: TraceVerlConfig) -> dict[str, fl
     name = config.advantage_name
     advs = [compute_advantages(name, [tree], options)[0] for tree in trees]
     raw = [raw_advantages(name, [tree], [adv], options)[0] for tree, adv in zip(trees, advs)]
-    counts = step_counts(trees, advs, ledger.units_spent, ledger.tokens_spent, prices=ledger, raw_advantages=raw)
-    measures = ratios(counts)
-    metrics = {f"alloc/{k}": float(v) for k, v in measures.items()}
-    metrics.update({f"alloc/{k}": float(v) for k, v in ledger.split().items()})  # units_root, tokens_prefix, ...
-    metrics.update({"alloc/num_trees": float(len(trees)), "rollout/num_rollouts": float(counts["num_leaves"]),
-                    "rollout/success_rate": measures["success_rate"], "rollout/units": ledger.units_spent,
-                    "rollout/tokens": float(ledger.tokens_spent)})
-    return metrics
+    _, measured = measure(trees, advs, raw, ledger)  # tracerl.core.step's, the trainer's own
+    return {**{key: float(value) for key, value in measured.items()}, "alloc/num_trees": float(len(trees))}
 
 
 class TraceCoordinator:
