@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-# row extra_info fields that name a question's type, when a domain sets them
-GROUP_KEYS = ("hops", "answerable", "task", "generator")
+# row extra_info fields that name a question's type, when a domain or a user's task sets them (`type`: any task's own,
+# docs/tasks.md)
+GROUP_KEYS = ("type", "hops", "answerable", "task", "generator")
 
 
 def regime_shares(per_prompt: Sequence[float], n: int) -> dict[str, Any]:

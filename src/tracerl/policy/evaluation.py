@@ -6,6 +6,7 @@ Deliberately not here: pass@k, per-turn statistics, or evaluation of anything bu
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,29 @@ from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.io.chat import ChatRenderer
 from tracerl.io.driver import DriverLimits, ReActDriver
 from tracerl.io.engine import SamplingParams
+
+
+MAX_TYPES = 32  # more distinct question types than this get no per-type keys (the metrics stay bounded)
+
+
+def type_key(value: Any) -> str:
+    """A question type (a row's `extra_info["type"]`) as a metric-name part: letters, digits, `_`, `.`, `-`, at most
+    40 characters."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:40]
+
+
+def success_by_type(per_prompt: Sequence[float], rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """`eval/success_type_<type>` (mean success of each question type, from a row's `extra_info["type"]`, any task)
+    and `eval/num_types`; with more than MAX_TYPES types only the count is given."""
+    types = [type_key(t) if (t := (r.get("extra_info") or {}).get("type")) is not None else None for r in rows]
+    names = sorted({t for t in types if t is not None})
+    if not names:
+        return {}
+    out: dict[str, float] = {"eval/num_types": float(len(names))}
+    if len(names) <= MAX_TYPES:
+        for name in names:
+            out[f"eval/success_type_{name}"] = float(np.mean([p for p, t in zip(per_prompt, types) if t == name]))
+    return out
 
 
 def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, limits: DriverLimits,
@@ -55,5 +79,6 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
     for hops in sorted({r.get("extra_info", {}).get("hops") for r in rows} - {None}):
         chosen = [p for p, r in zip(per_prompt, rows) if r["extra_info"].get("hops") == hops]
         result[f"eval/success_hops{hops}"] = float(np.mean(chosen))
+    result.update(success_by_type(per_prompt, rows))
     result["eval/per_prompt"] = [float(x) for x in per_prompt]
     return result

@@ -100,6 +100,19 @@ def selection_note(method: str) -> str:
             "without selection, is the policy's.")
 
 
+def type_table(first: dict[str, Any], last: dict[str, Any]) -> list[str]:
+    """Held-out success by question type (`eval/success_type_<type>`, from the rows' `extra_info["type"]`), at the
+    first and the last evaluation; no lines when the rows name no types."""
+    prefix = "eval/success_type_"
+    names = sorted(k[len(prefix):] for k in last if k.startswith(prefix))
+    if not names:
+        return []
+    lines = ["", f"By question type (`extra_info[\"type\"]`), step {first['step']} -> step {last['step']}:", "",
+             "| type | held-out success |", "|---|---|"]
+    return lines + [f"| {name} | {_pct(first.get(prefix + name))} -> {_pct(last.get(prefix + name))} |"
+                    for name in names]
+
+
 def calibration_summary(pred: np.ndarray) -> dict[str, dict[str, float]]:
     """Brier / ECE / AUC and counts for all predicted nodes, roots only and prefixes only."""
     out = {}
@@ -245,6 +258,7 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
         lines.append(f"Held-out success (eval/success ± SE): {_pct(first.get('eval/success'))} ± "
                      f"{_pct(first.get('eval/success_se'))} at step {first['step']} -> "
                      f"{_pct(last.get('eval/success'))} ± {_pct(last.get('eval/success_se'))} at step {last['step']}.")
+        lines += type_table(first, last)
     if train:
         lines.append(f"Training rollouts (rollout/success_rate): {_pct(train[0].get('rollout/success_rate'))} at "
                      f"step {train[0]['step']} -> {_pct(train[-1].get('rollout/success_rate'))} at step "
