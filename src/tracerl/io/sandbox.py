@@ -4,18 +4,23 @@
 for each call from this process's warm launcher server, `_LaunchServer`, in the state a freshly started one
 would have) in its own session and process group, in a new temporary working directory that is removed
 afterwards, with an environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the
-workdir, PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs and captured output
-live under a private parent (0711, one per process, removed at exit). The launcher (`sandbox_child.py`)
-applies these layers before the model's code runs; each one that took effect is listed in
-`SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it switched off.
+workdir, PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs live under a
+private parent (0711, one per process, removed at exit). The code's stdin is /dev/null, its stdout and stderr the
+write ends of two pipes that this process drains while it waits and caps at `max_file_mb` each (`sandbox_output`):
+no descriptor the code holds is a file of the host, so none can be fallocated, truncated or written far past the
+limits. The launcher (`sandbox_child.py`) applies these layers before the model's code runs; each one that took
+effect is listed in `SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it
+switched off.
 
 - `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
   the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in `sandbox_syscalls`);
   every other one fails with EPERM: no socket or socketpair of any family, no SysV or POSIX IPC, no memfd,
   no chmod/chown/xattr/utime (Landlock does not mediate them), no fork/exec/setsid, no personality,
-  namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd. clone passes
-  for threads only, signals only to itself, ioctl and fcntl only for a few requests, prlimit64 only on
-  itself. So the code is one process, and its limits bind the whole run.
+  namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd, and no file lock
+  of any kind (flock; fcntl's lock and lease commands), so no host file's writers wait on the code. clone
+  passes for threads only, signals only to itself, ioctl and fcntl only for a few requests, fallocate only in
+  mode 0 (it grows the file, which RLIMIT_FSIZE bounds), prlimit64 only on itself. So the code is one process,
+  and its limits bind the whole run.
 - `pidns`: a new PID namespace whose init (pid 1) is the code; the launcher outside only waits for it, and
   the code gets SIGKILL when the launcher dies. When the init ends, the kernel kills every process left in
   the namespace, so no descendant outlives the call (a child in a new session included). `procfs`: with a
@@ -41,14 +46,21 @@ applies these layers before the model's code runs; each one that took effect is 
 - `userns` (only without root): the namespaces live in a new user namespace mapping only the caller's uid
   (capabilities dropped); since Linux 5.14 it also counts RLIMIT_NPROC for the call alone. The process
   limit must be the call's own (`cgroup`, `uid_drop` or `userns` on Linux >= 5.14), else SandboxError.
-- `landlock` (Linux >= 5.13, any user): the kernel lets the code write only beneath its workdir, read
-  only the interpreter's prefixes, /usr, /lib*, /etc and a few /dev files, execute nothing, and (ABI 4)
-  bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox. A uid drop or
+  In either mode the interpreter's prefixes become read roots, so they must be readable by every user: this
+  interpreter in a private home (a pyenv under a 0700 home) gives way to a system python3 (`_interpreter`).
+- `landlock` (Linux >= 5.13, any user): the kernel lets the code write only beneath its workdir, read only
+  beneath the read roots (`sandbox_view`: /usr, /lib*, /etc and the prefixes of the interpreter, which every
+  user must be able to read) and /dev/null, /dev/{u,}random, /dev/zero, /proc/self and /sys/devices/system/cpu,
+  execute nothing, and (ABI 4) bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox.
+  Without root the code keeps the caller's uid and groups, so the roots are granted less every entry that other
+  users may not read (found by one walk per process; see `sandbox_view` for what it misses). A uid drop or
   Landlock is required (else SandboxError): without either the code could read the caller's files.
 - `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes,
   file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`), open files, no
-  core dumps. The parent adds a wall-clock timeout that SIGKILLs the whole process group (the PID
-  namespace's init included: seccomp keeps it in the group).
+  core dumps. Output is capped by its pipes instead: past `max_file_mb` of a stream the parent closes it, the
+  code's next write to it fails (BrokenPipeError) and the result's error names the output limit. The parent
+  adds a wall-clock timeout that SIGKILLs the whole process group (the PID namespace's init included: seccomp
+  keeps it in the group).
 - `audit_hook` (always, Python >= 3.8): a tripwire inside the code's process that denies sockets, process
   creation, ctypes, kill() of other processes, and file writes outside the workdir and reads outside the
   allowed roots, with readable errors. Code can switch it off (it lives in the code's own memory).
@@ -58,17 +70,19 @@ member of the process group runs a thread, and the PID namespace's init is such 
 has reaped every other process of its namespace.
 
 Guarantees, when all layers are on (root, or a user namespace, on a recent kernel): the code cannot
-modify files outside its workdir, reach the network or any unix socket, share IPC objects with another
-call, signal or ptrace the trainer, outlive its wall-clock timeout, or take more CPU, memory (its files
-included), disk or processes than its limits, nor take them from another call; the caller gets a
-SandboxResult, never an exception, whatever the code does.
+modify files outside its workdir, lock any file, reach the network or any unix socket, share IPC objects with
+another call, signal or ptrace the trainer, outlive its wall-clock timeout, or take more CPU, memory (its files
+included), disk (through its workdir or its output) or processes than its limits, nor take them from another call;
+it reads only what any other user of the machine may read beneath the read roots; the caller gets a SandboxResult,
+never an exception, whatever the code does.
 
 What it does not guarantee:
 - It is not a VM or a container: the code shares the host kernel (a kernel exploit escapes it, and every
-  allowed syscall is attack surface) and its CPU caches (side channels), and it can read world-readable
-  system files (/etc, /usr).
+  allowed syscall is attack surface) and its CPU caches (side channels), and it can read the world-readable
+  files of /etc, /usr and the interpreter's prefix (as root without Landlock: of the whole host).
 - Code that needs a denied syscall fails with PermissionError: subprocess, multiprocessing, asyncio (its
-  event loop makes a socketpair), sockets, shutil.copy/copy2/copytree (they chmod), os.utime.
+  event loop makes a socketpair), sockets, shutil.copy/copy2/copytree (they chmod), os.utime, file locks
+  (sqlite3 on a file fails with "access permission denied"; ":memory:" or a `file:x.db?nolock=1` URI works).
 - The per-call uid assumes no other program uses uids from UID_BASE on; concurrent calls in different PID
   namespaces of one host (two containers sharing the host's uids) could draw the same uid. Root in a user
   namespace that does not map those uids gets SandboxError.
@@ -82,7 +96,6 @@ import atexit
 import functools
 import json
 import os
-import select
 import signal
 import stat
 import subprocess
@@ -97,7 +110,9 @@ from typing import IO, Callable, Collection
 
 from tracerl.io.sandbox_cgroups import cgroup_oom, make_cgroups, remove_cgroups
 from tracerl.io.sandbox_child import read_message, write_message
+from tracerl.io.sandbox_output import Capture, capped_text, wait_and_drain
 from tracerl.io.sandbox_syscalls import seccomp_table
+from tracerl.io.sandbox_view import other_accessible, read_roots, read_view
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -118,7 +133,7 @@ class SandboxLimits:
     cpu_seconds: int = 5  # RLIMIT_CPU: SIGXCPU at this many CPU seconds, SIGKILL one second later
     memory_mb: int = 512  # RLIMIT_AS: address space; Python needs ~30 MB to start (cgroup: this + max_disk_mb)
     max_processes: int = 64  # threads of the call (RLIMIT_NPROC of its own uid or user namespace; cgroup pids.max)
-    max_file_mb: int = 8  # RLIMIT_FSIZE: largest file the code may write, stdout and stderr included
+    max_file_mb: int = 8  # RLIMIT_FSIZE: largest file the code may write; also the most of stdout and of stderr read
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_chars: int = 4000  # chars of stdout and of stderr kept (head and tail), the rest cut
     max_disk_mb: int = 64  # all files the code writes together (a tmpfs of this size, or checked after the run)
@@ -179,22 +194,27 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     assert set(_disable) <= set(LAYERS), f"unknown layers in _disable: {set(_disable) - set(LAYERS)}"
     drop_uid = os.geteuid() == 0 and "uid_drop" not in _disable
     python = _interpreter(drop=drop_uid)
+    view = read_view(read_roots(_prefixes(python, drop_uid)), walk=not drop_uid)  # a uid of its own reads as "other"
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
+    captures: list[Capture] = []
     paths: list[str] = []
     cgroups = [] if "cgroup" in _disable else make_cgroups(limits.memory_mb, limits.max_disk_mb, limits.max_processes)
     report, disk_error = {}, None
     try:
-        for _ in range(4):  # source, stdout, stderr, status: named until the launcher has opened them
+        for _ in range(2):  # source, status: named until the launcher has opened them
             fd, path = tempfile.mkstemp(dir=_private_parent())
             files.append(os.fdopen(fd, "w+b"))
             paths.append(path)
-        source, out, err, status = files
+        for _ in range(2):  # stdout, stderr: pipes, in the launcher's order source, stdout, stderr, status
+            captures.append(Capture(_private_parent(), limits.max_file_mb << 20))
+            paths.insert(len(captures), captures[-1].path)
+        source, status = files
         source.write(code.encode("utf-8", "surrogatepass"))
         source.flush()
         source.seek(0)
         config = {"workdir": workdir, "uid": None, "drop_uid": drop_uid, "uid_base": UID_BASE, "cgroups": cgroups,
-                  "seccomp": _SECCOMP,
+                  "seccomp": _SECCOMP, "read_view": view,
                   "status_fd": status.fileno(),
                   "disable": sorted(_disable), "cpu_seconds": limits.cpu_seconds,
                   "memory_bytes": limits.memory_mb << 20, "max_processes": limits.max_processes,
@@ -215,9 +235,14 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             if pid is None:
                 raise SandboxError("the sandbox's launcher server ended twice in a row on one call")
         else:
-            proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, json.dumps(config)],
-                                    stdin=source, stdout=out, stderr=err, pass_fds=(status.fileno(),),
-                                    cwd=workdir, env=env, start_new_session=True)
+            out, err = (c.writer() for c in captures)
+            try:
+                proc = subprocess.Popen([python, "-s", "-S", "-u", "-X", "utf8", "-c", _LAUNCHER, json.dumps(config)],
+                                        stdin=source, stdout=out, stderr=err, pass_fds=(status.fileno(),),
+                                        cwd=workdir, env=env, start_new_session=True)
+            finally:  # this process keeps no write end: the pipes end when the call's processes are gone
+                os.close(out)
+                os.close(err)
             pid = proc.pid
         try:  # from here on, whatever happens (^C included), nothing the code started outlives this call
             for path in paths:  # the launcher has opened them (uid drop or Landlock kept the code off them)
@@ -225,21 +250,26 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             paths.clear()
             if _launched is not None:
                 _launched(pid, workdir)
-            timed_out = not _wait_for_exit(pid, limits.wall_seconds)
+            _running[pid] = captures[0]
+            timed_out = not wait_and_drain(pid, limits.wall_seconds, captures)
         finally:
+            _running.pop(pid, None)
             _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
             returncode = server.reap(pid) if server is not None else proc.wait()
         seconds = time.monotonic() - start
+        for capture in captures:  # what is left in the pipes; no writer waits, every process of the call is gone
+            capture.drain()
         out_of_memory = cgroup_oom(cgroups)
         status.seek(0)
         report = json.loads(status.read() or b"{}")
-        stdout = _read_capped(out, limits)
-        stderr = _read_capped(err, limits)
+        stdout, stderr = (capped_text(c.data, limits.max_output_chars) for c in captures)
         if "disk_quota" not in report.get("layers", ()) and _tree_bytes(workdir) > limits.max_disk_mb << 20:
             disk_error = f"disk quota of {limits.max_disk_mb} MB exceeded"
     finally:
         for f in files:
             f.close()
+        for capture in captures:
+            capture.close()
         for path in paths:
             os.unlink(path)
         _remove_tree(workdir)
@@ -253,14 +283,17 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=None if returncode < 0 else returncode, timed_out=timed_out,
         killed_by=killed_by, seconds=seconds, network_isolated="netns" in layers, layers=layers,
-        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr, out_of_memory))
+        error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr, out_of_memory,
+                                         output_cut=any(c.cut for c in captures)))
 
 
 def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, returncode: int,
-                 stderr: str, out_of_memory: bool = False) -> str | None:
+                 stderr: str, out_of_memory: bool = False, output_cut: bool = False) -> str | None:
     """Name the limit that stopped the code, if one did."""
     if timed_out:
         return f"timed out after {limits.wall_seconds}s"
+    if output_cut:  # the parent closed the pipe: the code's next write failed (or SIGPIPE killed it)
+        return f"output limit of {limits.max_file_mb} MB per stream exceeded"
     if out_of_memory and killed_by == "SIGKILL":  # the cgroup's OOM killer
         return f"memory limit of {limits.memory_mb} MB (files in the workdir included) exceeded"
     if killed_by == "SIGXCPU":
@@ -281,27 +314,37 @@ def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, 
 
 @functools.cache
 def _interpreter(drop: bool) -> str:
-    """The Python for the child: this interpreter unless we are root; as root, the first interpreter that a
-    uid of the sandbox's range (no home, no groups) can start and import the stdlib with (sys.executable first)."""
-    if not drop:
-        return sys.executable
-    _check_uid_range()
+    """The Python for the child: the first of this interpreter and the system's that the call's user can start and
+    import the stdlib with, and whose prefixes any user may read (they become read roots: `sandbox_view`). As root
+    that user is a uid of the sandbox's range (no home, no groups), which Pythons under /root (pyenv) fail; without
+    root a Python in a private home fails the second test. Either way a system python3 is the usual fallback."""
+    if drop:
+        _check_uid_range()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}",
                   "/usr/bin/python3", "/usr/local/bin/python3"]
-    probe = "import sys, ctypes, json, linecache, resource, traceback, types; assert sys.version_info >= (3, 8)"
     for python in dict.fromkeys(candidates):
-        if not os.path.exists(python):
-            continue
-        try:
-            done = subprocess.run([python, "-s", "-S", "-c", probe], user=UID_BASE, group=UID_BASE, extra_groups=[],
-                                  env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if done.returncode == 0:
+        prefixes = _prefixes(python, drop) if os.path.exists(python) else None
+        if prefixes is not None and all(map(other_accessible, prefixes)):
             return python
-    raise SandboxError(f"running as root, but no Python among {candidates} can be run by an unprivileged uid "
-                       f"({UID_BASE}); install a system python3 (apt-get install python3) or run as a non-root user")
+    user = f"an unprivileged uid ({UID_BASE})" if drop else "this user"
+    raise SandboxError(f"no Python among {candidates} can be run by {user} from prefixes that every user may read; "
+                       "install a system python3 (apt-get install python3)")
+
+
+@functools.cache
+def _prefixes(python: str, drop: bool) -> tuple[str, ...] | None:
+    """`python`'s prefixes (sys.prefix, exec_prefix and their base_ versions) when the call's user (a uid of the
+    sandbox's range if `drop`) can start it and import what the launcher needs; else None."""
+    probe = ("import sys, ctypes, json, linecache, resource, traceback, types; assert sys.version_info >= (3, 8); "
+             "print(json.dumps([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]))")
+    user = dict(user=UID_BASE, group=UID_BASE, extra_groups=[]) if drop else {}
+    try:
+        done = subprocess.run([python, "-s", "-S", "-c", probe], **user, env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                              capture_output=True, timeout=30)
+        return tuple(json.loads(done.stdout)) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 def _check_uid_range() -> None:
@@ -317,25 +360,6 @@ def _check_uid_range() -> None:
     if not any(inside <= UID_BASE and last < inside + count for inside, _, count in spans):
         raise SandboxError(f"running as root in a user namespace that does not map uids {UID_BASE}-{last}, which "
                            "the sandbox gives its calls; map them (e.g. a full uid_map), or run as a non-root user")
-
-
-def _wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait until the child exits, without reaping it; False when `timeout` seconds pass first."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # Linux < 5.3 or Python < 3.9: poll
-        deadline = time.monotonic() + timeout
-        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
-    finally:
-        os.close(pidfd)
 
 
 def _kill_group(pgid: int) -> None:
@@ -370,17 +394,6 @@ def _live_members(pgid: int) -> set[int]:
     return members
 
 
-def _read_capped(f: IO[bytes], limits: SandboxLimits) -> str:
-    """Decode a captured stream and keep its head and tail around a "[... N chars truncated]" marker."""
-    f.seek(0)
-    text = f.read((limits.max_file_mb << 20) + 1).decode("utf-8", errors="replace")
-    keep = limits.max_output_chars
-    if len(text) <= keep:
-        return text
-    head = keep // 2
-    return f"{text[:head]}\n[... {len(text) - keep} chars truncated]\n{text[len(text) - (keep - head):]}"
-
-
 @functools.cache
 def _private_parent() -> str:
     """A directory only this process's user can list (0711: the sandbox user may only pass through it to its
@@ -392,7 +405,7 @@ def _private_parent() -> str:
 
 
 def _tree_bytes(path: str) -> int:
-    """Bytes in regular files beneath `path` (no symlinks followed), iteratively."""
+    """Bytes in regular files beneath `path` (size or allocated blocks, the larger; no symlinks followed)."""
     total, todo = 0, [path]
     while todo:
         try:
@@ -403,8 +416,9 @@ def _tree_bytes(path: str) -> int:
             try:
                 if entry.is_dir(follow_symlinks=False):
                     todo.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
+                elif entry.is_file(follow_symlinks=False):  # blocks too: fallocate reserves them, size unchanged
+                    st = entry.stat(follow_symlinks=False)
+                    total += max(st.st_size, st.st_blocks * 512)
             except OSError:
                 continue
     return total
@@ -449,6 +463,8 @@ def _remove_tree(path: str) -> None:
 
 # the tests' view of every launcher started: (its pid, the call's workdir)
 _launched: Callable[[int, str], None] | None = None
+# the tests' view of what running calls have printed so far: their stdout's capture, by launcher pid
+_running: dict[int, Capture] = {}
 
 
 @functools.cache

@@ -24,13 +24,17 @@ MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1 
 SIGNAL_CALLS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: the target's tgid
 # isatty (TCGETS), terminal size, bytes readable, close-on-exec and non-blocking flags; never TIOCSTI and the like
 IOCTL_REQUESTS = (0x5401, 0x5413, 0x541B, 0x5451, 0x5450, 0x5421)
-# F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK/SETLK/SETLKW, F_DUPFD_CLOEXEC
-# (not F_SETOWN/F_SETSIG, which would point SIGIO at another process)
-FCNTL_COMMANDS = (0, 1, 2, 3, 4, 5, 6, 7, 36, 37, 38, 1030)
+# F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_GETLK, F_OFD_GETLK, F_DUPFD_CLOEXEC. Not F_SETOWN/F_SETSIG (SIGIO to
+# another process), nor F_SETLK(W), F_OFD_SETLK(W), F_SETLEASE: a read lock on a readable host file holds up its
+# writers, and in the workdir, which this one process alone uses, a lock protects nothing
+FCNTL_COMMANDS = (0, 1, 2, 3, 4, 5, 36, 1030)
+FALLOCATE_MODES = (0,)  # mode 0 grows the file, which RLIMIT_FSIZE bounds; KEEP_SIZE would reserve blocks past it
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 CLONE_THREAD = 0x00010000
 LANDLOCK_CREATE, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT = 444, 445, 446  # syscall numbers, x86_64 and arm64
-FS_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
+READ_DIR = 1 << 3
+FS_READ = (1 << 2) | READ_DIR  # READ_FILE | READ_DIR
+EXTRA_READS = ("/dev/urandom", "/dev/random", "/dev/zero", "/proc/self", "/sys/devices/system/cpu")  # beyond roots
 FS_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights a rule on a file may hold
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 DENIED = frozenset({"subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.killpg", "pty.spawn",
@@ -158,7 +162,34 @@ def install_hook(workdir, read_roots):
     sys.addaudithook(hook)
 
 
-def landlock(libc, workdir_fd, read_roots):
+def readable_rules(view):
+    """(path, rights) for Landlock from the parent's `view` (`tracerl.io.sandbox_view.read_view`): each read root
+    whole, unless it is among `descend` (folders with a `hidden` entry beneath, what others may not read); then each
+    of its entries on its own, granted only if others may read it now (symlinks: their target is checked instead),
+    and itself listable unless among `unlisted` (a hidden folder lies beneath: rights on a folder extend below)."""
+    descend, unlisted, hidden = set(view["descend"]), set(view["unlisted"]), set(view["hidden"])
+    rules, todo = [], [r for r in view["read_roots"] if r not in hidden]
+    while todo:
+        path = todo.pop()
+        if path not in descend:
+            rules.append((path, FS_READ))
+            continue
+        if path not in unlisted:
+            rules.append((path, READ_DIR))
+        for name in os.listdir(path):  # fails the run closed if the folder cannot be listed
+            child = path + "/" + name
+            try:
+                mode = os.lstat(child).st_mode
+            except OSError:
+                continue
+            if child in descend:
+                todo.append(child)
+            elif child not in hidden and (mode & 0o170005 == 0o040005 or mode & 0o170004 == 0o100004):
+                rules.append((child, FS_READ))
+    return rules
+
+
+def landlock(libc, workdir_fd, rules):
     abi = libc.syscall(LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
         return False
@@ -189,8 +220,8 @@ def landlock(libc, workdir_fd, read_roots):
 
     try:  # best effort: a rule that cannot be added leaves landlock off, the other layers still hold
         allow(workdir_fd, fs_all)
-        for root in read_roots:
-            allow(root, FS_READ)
+        for path, access in rules:
+            allow(path, access)
         allow("/dev/null", FS_READ | (1 << 1))
         return libc.syscall(LANDLOCK_RESTRICT, ruleset, 0) == 0
     except OSError:
@@ -203,9 +234,9 @@ def seccomp_program(table, own_pid):
     """The classic-BPF seccomp filter, as (code, jt, jf, k) tuples, from `table`
     (`tracerl.io.sandbox_syscalls.seccomp_table`): kill the process on a foreign architecture; the table's allowed
     syscalls pass; clone only for threads in the same namespaces; signals only to `own_pid` (itself); ioctl and
-    fcntl only with the requests above; prlimit64 only on itself; clone3 answers ENOSYS so that libc falls back to
-    clone, whose flags the filter can read; everything else (x32 numbers included) answers EPERM. Arguments are
-    compared on their low 32 bits, which is all the kernel reads of these (int or unsigned int)."""
+    fcntl only with the requests above (no file locks), fallocate only in mode 0; prlimit64 only on itself; clone3
+    answers ENOSYS so that libc falls back to clone, whose flags the filter can read; everything else (x32 numbers
+    included) answers EPERM. Arguments are compared on their low 32 bits, all the kernel reads of these (int, uint)."""
     nr_of, arch = table["by_argument"], table["arch"]
     LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
     ALLOW, KILL, ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
@@ -232,6 +263,7 @@ def seccomp_program(table, own_pid):
         prog += when(nr_of[name], arg_in(0, [own_pid]))
     prog += when(nr_of["ioctl"], arg_in(1, IOCTL_REQUESTS))
     prog += when(nr_of["fcntl"], arg_in(1, FCNTL_COMMANDS))
+    prog += when(nr_of["fallocate"], arg_in(1, FALLOCATE_MODES))
     prog += when(nr_of["prlimit64"], arg_in(0, [0, own_pid]))
     return prog + [DENY]
 
@@ -422,10 +454,8 @@ def setup(cfg):
         if os.getppid() != 0:  # 0: the launcher, outside the namespace, is still there
             os._exit(112)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    read_roots = sorted({sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, "/usr", "/lib",
-                         "/lib64", "/etc", "/dev/urandom", "/dev/random", "/dev/zero", "/proc/self",
-                         "/sys/devices/system/cpu"})
-    if "landlock" not in off and landlock(libc, workdir_fd, read_roots):
+    rules = readable_rules(cfg["read_view"]) + [(path, FS_READ) for path in EXTRA_READS]
+    if "landlock" not in off and landlock(libc, workdir_fd, rules):
         layers.append("landlock")
     os.close(workdir_fd)
     if "seccomp" not in off:
@@ -447,7 +477,7 @@ def setup(cfg):
         if hasattr(module, "pidfd_send_signal"):
             delattr(module, "pidfd_send_signal")
     if "audit_hook" not in off:
-        install_hook(workdir, [os.path.realpath(r) for r in read_roots])
+        install_hook(workdir, [os.path.realpath(r) for r in cfg["read_view"]["read_roots"] + list(EXTRA_READS)])
         layers.append("audit_hook")
     return layers
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 # variants of the same calls (stat/newfstatat/statx, open/openat, ...) so that another libc finds its own. Left out
 # on purpose, among others: every socket call, SysV and POSIX IPC, memfd, chmod/chown/xattr/utime (Landlock does not
 # mediate them), personality, fork, exec, sessions, namespaces, mounts, ptrace, io_uring, bpf, keys, userfaultfd,
-# perf, flock (a lock on a readable host file would hold up its other users; sqlite's fcntl locks still work). Some
-# are checked by argument: clone (threads only), signals (only to itself), ioctl and fcntl (a few requests),
-# prlimit64 (only its own limits).
+# perf, flock (a lock on a readable host file would hold up its writers). Some are checked by argument: clone
+# (threads only), signals (only to itself), ioctl and fcntl (a few requests; no lock or lease, so sqlite3 needs
+# ":memory:" or a `?nolock=1` URI), fallocate (mode 0 only, which RLIMIT_FSIZE bounds), prlimit64 (only its own).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 ALLOWED = {
     "x86_64": {"read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "mmap": 9, "mprotect": 10, "munmap": 11,
@@ -27,7 +27,7 @@ ALLOWED = {
                "readlinkat": 267, "getcwd": 79, "chdir": 80, "fchdir": 81, "mkdir": 83, "mkdirat": 258,
                "rmdir": 84, "unlink": 87, "unlinkat": 263, "rename": 82, "renameat": 264, "renameat2": 316,
                "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266, "truncate": 76, "ftruncate": 77,
-               "fsync": 74, "fdatasync": 75, "fallocate": 285, "fadvise64": 221, "sendfile": 40,
+               "fsync": 74, "fdatasync": 75, "fadvise64": 221, "sendfile": 40,
                "copy_file_range": 326, "statfs": 137, "fstatfs": 138, "umask": 95, "dup": 32, "dup2": 33,
                "dup3": 292, "pipe": 22, "pipe2": 293, "close_range": 436, "preadv": 295, "pwritev": 296,
                "preadv2": 327, "pwritev2": 328, "msync": 26, "sigaltstack": 131, "rt_sigpending": 127,
@@ -46,7 +46,7 @@ ALLOWED = {
                 "madvise": 233, "mremap": 216, "getpid": 172, "gettid": 178, "exit": 93, "exit_group": 94,
                 "statx": 291, "faccessat": 48, "faccessat2": 439, "readlinkat": 78, "getcwd": 17, "chdir": 49,
                 "fchdir": 50, "mkdirat": 34, "unlinkat": 35, "renameat": 38, "renameat2": 276, "linkat": 37,
-                "symlinkat": 36, "truncate": 45, "ftruncate": 46, "fsync": 82, "fdatasync": 83, "fallocate": 47,
+                "symlinkat": 36, "truncate": 45, "ftruncate": 46, "fsync": 82, "fdatasync": 83,
                 "fadvise64": 223, "sendfile": 71, "copy_file_range": 285, "statfs": 43,
                 "fstatfs": 44, "umask": 166, "dup": 23, "dup3": 24, "pipe2": 59, "close_range": 436, "preadv": 69,
                 "pwritev": 70, "preadv2": 286, "pwritev2": 287, "msync": 227, "sigaltstack": 132,
@@ -62,9 +62,9 @@ ALLOWED = {
 # syscalls allowed only with some arguments, and clone3 (answered ENOSYS so that libc falls back to clone)
 BY_ARGUMENT = {
     "x86_64": {"clone": 56, "clone3": 435, "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129,
-               "rt_tgsigqueueinfo": 297, "ioctl": 16, "fcntl": 72, "prlimit64": 302},
+               "rt_tgsigqueueinfo": 297, "ioctl": 16, "fcntl": 72, "prlimit64": 302, "fallocate": 285},
     "aarch64": {"clone": 220, "clone3": 435, "kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138,
-                "rt_tgsigqueueinfo": 240, "ioctl": 29, "fcntl": 25, "prlimit64": 261},
+                "rt_tgsigqueueinfo": 240, "ioctl": 29, "fcntl": 25, "prlimit64": 261, "fallocate": 47},
 }
 
 
