@@ -8,19 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from as_nobody import PYTHON, nobody_copy, run_as_nobody
 from boundaries import CLASS_OF, LIMITS, PROGRAMS, LockWatcher, make_targets, now, problems, program, \
     refused_between, remove_targets
 
-from tracerl.io import sandbox
 from tracerl.io.sandbox import SandboxLimits, run_python
-
-PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the targets live under /etc, which only root can write")
 
 
@@ -61,27 +56,12 @@ def test_boundary_holds_as_root(name, disable, targets):
 @ROOT_ONLY
 @pytest.mark.skipif(not (PYTHON and shutil.which("setpriv")), reason="needs /usr/bin/python3 and setpriv")
 def test_boundaries_hold_as_a_non_root_user():
-    code = Path(tempfile.mkdtemp(prefix="tracerl-boundary-code-"))
-    host_tmp = Path(tempfile.mkdtemp(prefix="tracerl-boundary-tmp-", dir="/tmp"))
     folder = make_targets(65534, 65534)
     try:
-        package = code / "tracerl" / "io"  # the sandbox modules alone, under their own names
-        package.mkdir(parents=True)
-        for dirname in (package.parent, package):
-            (dirname / "__init__.py").touch()
-            os.chmod(dirname, 0o755)
-        for source in Path(sandbox.__file__).parent.glob("sandbox*.py"):
-            shutil.copy(source, package / source.name)
-        for source in ("boundaries.py", "boundary_probe.py"):
-            shutil.copy(Path(__file__).parent / source, code / source)
-        os.chmod(code, 0o755)
-        os.chmod(host_tmp, 0o1777)
-        watcher = LockWatcher(lock_paths(folder))
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-s",
-                               str(code / "boundary_probe.py"), str(code), str(code), folder],
-                              env={"PATH": "/usr/bin:/bin", "TMPDIR": str(host_tmp), "HOME": str(host_tmp)},
-                              cwd="/", capture_output=True, text=True, timeout=600)
-        seen = watcher.stop()
+        with nobody_copy(["boundaries.py", "boundary_probe.py"], "tracerl-boundary") as (code, host_tmp):
+            watcher = LockWatcher(lock_paths(folder))
+            done = run_as_nobody(code, host_tmp, "boundary_probe.py", folder, timeout=600)
+            seen = watcher.stop()
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
         print("non-root layers:", report["layers"])
@@ -96,5 +76,3 @@ def test_boundaries_hold_as_a_non_root_user():
         assert not failed, "\n".join("%s: %s" % item for item in failed.items())
     finally:
         remove_targets(folder)
-        shutil.rmtree(code, ignore_errors=True)
-        shutil.rmtree(host_tmp, ignore_errors=True)

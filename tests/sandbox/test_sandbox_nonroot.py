@@ -6,17 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from as_nobody import PYTHON, nobody_copy, run_as_nobody
 from hostile import HARDENING
-
-from tracerl.io import sandbox
-
-PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 
 
 def snapshot(path: Path) -> dict[str, tuple[int, int]]:
@@ -28,26 +23,9 @@ def snapshot(path: Path) -> dict[str, tuple[int, int]]:
                                                "sandbox tests already run as a non-root user")
 @pytest.mark.skipif(not (PYTHON and shutil.which("setpriv")), reason="needs /usr/bin/python3 and setpriv")
 def test_hostile_programs_are_contained_as_a_non_root_user():
-    code = Path(tempfile.mkdtemp(prefix="tracerl-nonroot-code-"))
-    host_tmp = Path(tempfile.mkdtemp(prefix="tracerl-nonroot-tmp-", dir="/tmp"))
-    try:
-        here = Path(__file__).parent
-        package = code / "tracerl" / "io"  # the sandbox modules alone, under their own names
-        package.mkdir(parents=True)
-        for folder in (package.parent, package):
-            (folder / "__init__.py").touch()
-            os.chmod(folder, 0o755)
-        for source in Path(sandbox.__file__).parent.glob("sandbox*.py"):
-            shutil.copy(source, package / source.name)
-        for source in (here / "hostile.py", here / "nonroot_probe.py"):
-            shutil.copy(source, code / source.name)
-        os.chmod(code, 0o755)
-        os.chmod(host_tmp, 0o1777)
+    with nobody_copy(["hostile.py", "nonroot_probe.py"], "tracerl-nonroot") as (code, host_tmp):
         before, tmp_mode = snapshot(host_tmp), os.stat("/tmp").st_mode
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-s",
-                               str(code / "nonroot_probe.py"), str(code), str(code)],
-                              env={"PATH": "/usr/bin:/bin", "TMPDIR": str(host_tmp), "HOME": str(host_tmp)},
-                              cwd="/", capture_output=True, text=True, timeout=300)
+        done = run_as_nobody(code, host_tmp, "nonroot_probe.py", timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
         print("non-root layers:", report["layers"])
@@ -64,6 +42,3 @@ def test_hostile_programs_are_contained_as_a_non_root_user():
         assert after == before and os.stat("/tmp").st_mode == tmp_mode, "the host's temporary directory changed"
         assert not [p for p in host_tmp.iterdir() if p.name.startswith("tracerl-sandboxes-")], \
             "the private parent outlived the process"
-    finally:
-        shutil.rmtree(code, ignore_errors=True)
-        shutil.rmtree(host_tmp, ignore_errors=True)
