@@ -5,11 +5,12 @@ It loads a causal LM from a local directory (or the embedded policy, built once 
 is `tracerl.serve.app.create_app`. Point `tracerl.engines.openai_engine.OpenAIEngine` at it, exactly as at vLLM.
 
 Every request and connection is bounded (`ServeLimits`): the app bounds bodies, validation and generation
-(`tracerl.serve.app`); `server_config` bounds connections: a request's head must arrive within `header_timeout_s`
-(slow or partial headers, and a kept-alive connection that starts a request and stalls, get the connection closed),
-an idle kept-alive connection is closed after `keep_alive_s`, and past `max_connections` open connections a new one
-is closed at once, so idle sockets cannot exhaust the server's file descriptors. Heads over h11's 16 KiB are refused
-by h11.
+(`tracerl.serve.app`); `server_config` serves every connection with `tracerl.serve.connections.BoundedH11`, which
+frames requests as RFC 9112 requires (both Content-Length and Transfer-Encoding: 400, connection closed), refuses a
+head over `max_head_bytes` (16 KiB) or `max_header_fields` (100) with 431, closes a connection whose head does not
+arrive within `header_timeout_s` or that idles kept-alive past `keep_alive_s`, and shares `max_connections` fairly
+between client addresses (past the cap, the address holding the most gives up its oldest connection not being
+served), so neither idle sockets nor one client's thousand unfinished heads lock other clients, or `/health`, out.
 
 It does not download models (pass a directory), shard them across devices, or batch across concurrent requests:
 it is the small, exact reference server for tests and single-machine runs; use vLLM or SGLang for throughput.
@@ -22,11 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
 from tracerl.engines.transformers_engine import TransformersEngine
 
 from .app import create_app
+from .connections import BoundedH11
 from .limits import ServeLimits
 
 __all__ = ["ServeLimits", "create_app", "load_model", "run_server", "server_config"]
@@ -76,44 +76,4 @@ def server_config(app: Any, *, host: str, port: int, limits: ServeLimits, log_le
     import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=limits.keep_alive_s,
-                          http=functools.partial(_BoundedH11, limits=limits), ws="none", lifespan="on")
-
-
-class _BoundedH11(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each request's head and a cap on open connections.
-
-    A watch runs every quarter of `header_timeout_s`: while no request is in progress on the connection (just
-    opened, or kept alive after a response), the head of the next one must arrive within `header_timeout_s` of the
-    connection waiting for it, or the connection is closed. The body has its own deadline in the app."""
-
-    def __init__(self, *args: Any, limits: ServeLimits, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.limits = limits
-        self._waiting_since: float | None = None
-        self._watch: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            transport.close()
-            return
-        self._waiting_since = self.loop.time()
-        self._watch = self.loop.call_later(self.limits.header_timeout_s / 4, self._check_head)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-        super().connection_lost(exc)
-
-    def _check_head(self) -> None:
-        if self.transport.is_closing():
-            return
-        now = self.loop.time()
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._waiting_since = None  # a request is in progress: its head arrived
-        elif self._waiting_since is None:
-            self._waiting_since = now
-        elif now - self._waiting_since > self.limits.header_timeout_s:
-            self.transport.close()
-            return
-        self._watch = self.loop.call_later(self.limits.header_timeout_s / 4, self._check_head)
+                          http=functools.partial(BoundedH11, limits=limits), ws="none", lifespan="on")

@@ -11,12 +11,15 @@ Bounded in memory and time (`ServeLimits`):
 - the body is read under `max_body_bytes` and `body_timeout_s` (HTTP 400 / 408), then checked and parsed off the
   event loop (`tracerl.serve.request`: a structural count before `json.loads`, then field by field), so `/health`
   answers while a costly body is refused;
-- every bad request gets HTTP 400 with a message naming the field or the limit (and the flag that raises it);
+- every bad request gets HTTP 400 with a message naming the field or the limit (and the flag that raises it),
+  every string of a body included (`tracerl.serve.request.load_json`);
 - admitted requests share the engine through `tracerl.serve.scheduler` (round-robin slices, at most
   `max_queued_requests`, then HTTP 503); a request whose client disconnects is dropped at its next turn;
 - `/v1/load_weights` checks the whole file before writing a parameter (`tracerl.serve.weights`);
-- a model error gets HTTP 500; the server keeps serving. Connection bounds (header and idle timeouts, a cap on
-  open connections) are uvicorn's, set by `tracerl.serve.server_config`.
+- the room for bodies is shared fairly between client addresses (`_BodyLimit`), and `/health` answers on the event
+  loop, never waiting for a worker thread;
+- a model error gets HTTP 500; the server keeps serving. Connection bounds (framing, head limits, timeouts, the
+  fairly shared cap on open connections) are `tracerl.serve.connections`', set by `tracerl.serve.server_config`.
 
 What it does not do: text prompts, chat completions, streaming, EOS handling (only `stop_token_ids` end a sample,
 as if `ignore_eos` were set), authentication (it binds to 127.0.0.1 unless told otherwise).
@@ -25,10 +28,10 @@ as if `ignore_eos` were set), authentication (it binds to 127.0.0.1 unless told 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -38,10 +41,10 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.boundary import parse_int
+from tracerl.io.boundary import listing, parse_int
 
 from .limits import ServeLimits
-from .request import BadRequest, CompletionRequest, parse_completion
+from .request import BadRequest, CompletionRequest, load_json, parse_completion
 from .scheduler import Busy, Job, Scheduler
 from .weights import WeightsError, read_checked
 
@@ -75,12 +78,14 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
     async def _failed(request: Request, err: Exception) -> JSONResponse:
         return _error(500, f"generation failed: {type(err).__name__}: {err}")
 
+    # /health and /v1/models answer on the event loop (they take a lock for a moment): the worker threads may all
+    # be busy checking bodies, and /health must answer then
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
         return {"status": "ok", "requests_in_progress": scheduler.num_jobs if scheduler else 0}
 
     @app.get("/v1/models")
-    def models() -> dict:
+    async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "tracerl", "max_model_len": max_positions}]}
 
@@ -90,12 +95,10 @@ def create_app(engine: TransformersEngine, model_name: str, tokenizer: Any = Non
         machine: how a training run keeps its server generating with the latest policy. Checked whole, then
         swapped in between two slices of generation (`tracerl.serve.weights`)."""
         raw = await request.body()
-        body = _json_object(raw) if len(raw) <= 65536 else None  # a path needs no more; nothing costly is parsed
-        if body is None or set(body) != {"path"} or not isinstance(body["path"], str):
-            return _error(400, 'send {"path": "<a torch.save file the server can read>"} and nothing else')
-        try:
-            return JSONResponse({"status": "ok", "num_tensors": await run_in_threadpool(swap, Path(body["path"]))})
-        except WeightsError as err:
+        try:  # a path needs no more than 64 KiB: nothing costly is parsed on the event loop
+            path = _weights_path(_json_object(raw) if len(raw) <= 65536 else None)
+            return JSONResponse({"status": "ok", "num_tensors": await run_in_threadpool(swap, path)})
+        except (BadRequest, WeightsError) as err:
             return _error(400, str(err))
 
     def swap(path: Path) -> int:
@@ -153,15 +156,31 @@ def _answer(body: CompletionRequest, results: list, model_name: str, tokenizer: 
                       "total_tokens": num_prompt + num_generated}}
 
 
+@dataclass(eq=False)
+class _Body:
+    """A request body `_BodyLimit` holds: its client's address, its bytes so far, whether it is still arriving (else
+    the app handles it), and the event that tells its reader to give up its bytes for another client's."""
+
+    address: Any
+    size: int = 0
+    arriving: bool = True
+    preempted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class _BodyLimit:
     """ASGI middleware: the body must arrive whole within `timeout_s` (else HTTP 408) and under `max_bytes` (by
-    Content-Length or as it streams in; else HTTP 400); it is then replayed to the app. The bodies of all requests
-    being read or handled hold at most `max_buffered` bytes together (else HTTP 503, which clients retry), so
-    `max_connections` clients cannot make the server hold `max_connections` x `max_bytes`."""
+    Content-Length or as it streams in; else HTTP 400); it is then replayed to the app.
+
+    The bodies of all requests being read or handled hold at most `max_buffered` bytes together, so `max_connections`
+    clients cannot make the server hold `max_connections` x `max_bytes`; the room is shared fairly between client
+    addresses: when a body would pass it, the address holding the most bytes, if it holds more than this body's,
+    gives up its largest body still arriving (that request gets HTTP 503), else this request gets 503 (clients
+    retry). So a client holding many unfinished bodies cannot keep another client's request out."""
 
     def __init__(self, app: Any, max_bytes: int, timeout_s: float, max_buffered: int) -> None:
         self.app, self.max_bytes, self.timeout_s, self.max_buffered = app, max_bytes, timeout_s, max_buffered
-        self.buffered = 0  # bytes of bodies held now; only the event loop's thread touches it
+        self.buffered = 0  # bytes of bodies held now; only the event loop's thread touches it and `bodies`
+        self.bodies: set[_Body] = set()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -178,26 +197,31 @@ class _BodyLimit:
                 return await _error(400, message)(scope, receive, send)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
-        chunks, size, more = [], 0, True
+        body = _Body((scope.get("client") or (None,))[0])
+        self.bodies.add(body)
+        chunks, more = [], True
+        busy = _error(503, "the server holds too many request bodies at once; retry shortly")
         try:
             while more:  # read the whole body under the caps, then replay it to the app
-                try:
-                    event = await asyncio.wait_for(receive(), deadline - loop.time())
-                except asyncio.TimeoutError:
+                event = await _next_or_stop(receive, body.preempted, deadline - loop.time())
+                if event is None:
+                    if body.preempted.is_set():
+                        return await busy(scope, receive, send)
                     return await _error(408, f"the request body did not arrive within {self.timeout_s} s "
                                              "(body_timeout_s)")(scope, receive, send)
                 if event["type"] != "http.request":
                     return
                 chunk = event.get("body", b"")
                 chunks.append(chunk)
-                size += len(chunk)
+                body.size += len(chunk)
                 self.buffered += len(chunk)
-                if size > self.max_bytes:
+                if body.size > self.max_bytes:
                     return await _error(400, message)(scope, receive, send)
-                if self.buffered > self.max_buffered:
-                    return await _error(503, "the server holds too many request bodies at once; retry "
-                                             "shortly")(scope, receive, send)
+                while self.buffered > self.max_buffered:
+                    if not self._preempt_for(body):
+                        return await busy(scope, receive, send)
                 more = event.get("more_body", False)
+            body.arriving = False
             replayed = False
 
             async def replay() -> dict:
@@ -209,16 +233,62 @@ class _BodyLimit:
 
             await self.app(scope, replay, send)
         finally:
-            self.buffered -= size
+            self.buffered -= body.size
+            self.bodies.discard(body)
+
+    def _preempt_for(self, body: _Body) -> bool:
+        """Tell the largest arriving body of the address holding the most bytes, if that is more than `body`'s
+        address holds, to give its bytes up (counted free now; its reader drops them at once); False if none can."""
+        held: dict[Any, int] = {}
+        for other in self.bodies:
+            held[other.address] = held.get(other.address, 0) + other.size
+        for address in sorted(held, key=held.__getitem__, reverse=True):
+            if held[address] <= held[body.address]:
+                return False
+            arriving = [b for b in self.bodies if b.address == address and b.arriving and not b.preempted.is_set()]
+            if arriving:
+                victim = max(arriving, key=lambda b: b.size)
+                victim.preempted.set()
+                self.buffered -= victim.size
+                victim.size = 0
+                return True
+        return False
 
 
-def _json_object(raw: bytes) -> dict | None:
-    """The JSON object in `raw`, or None."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
+async def _next_or_stop(receive: Any, stop: asyncio.Event, timeout_s: float) -> dict | None:
+    """The next ASGI message, or None if `stop` is set or `timeout_s` passes first."""
+    get, stopped = asyncio.ensure_future(receive()), asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({get, stopped}, timeout=max(timeout_s, 0), return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if get in done and not stop.is_set():
+        return get.result()
+    get.cancel()
+    return None
+
+
+def _json_object(raw: bytes) -> dict:
+    """The JSON object in `raw`, its text checked (`load_json`), or BadRequest."""
+    value = load_json(raw)
+    if not isinstance(value, dict):
+        raise BadRequest(f"the body is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _weights_path(body: dict | None) -> Path:
+    """The file `/v1/load_weights` names, or BadRequest naming what is wrong with the body or its `path`."""
+    usage = 'send {"path": "<a torch.save file the server can read>"} and nothing else'
+    if body is None:
+        raise BadRequest(f"the body is over 64 KiB; {usage}")
+    unexpected = set(body) - {"path"}
+    if unexpected:
+        raise BadRequest(f"unexpected fields {listing(unexpected)}; {usage}")
+    if "path" not in body:
+        raise BadRequest(f"path: missing; {usage}")
+    path = body["path"]
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise BadRequest(f"path: must be a non-empty file name without NUL characters, not {str(path)[:100]!r}; "
+                         f"{usage}")
+    return Path(path)
 
 
 def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> dict:
@@ -236,6 +306,8 @@ def _choice(index: int, completion, body: CompletionRequest, tokenizer: Any) -> 
 
 
 def _error(status: int, message: str) -> JSONResponse:
+    """The error answer; a message quoting what a client sent cannot fail to encode (a lone surrogate is escaped)."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     kind = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeoutError",
             503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)

@@ -9,6 +9,11 @@ Two steps, both run off the event loop by the app:
    bad element of a 300,000-element list is itself the attack), then applies the limits: n, prompts x n, max_tokens,
    the token budget prompts x n x max_tokens, ids in the vocabulary, prompt + max_tokens within the positions.
 
+Every string of a body, field names included and whether this server reads the field or not, must be Unicode text:
+the body is read as UTF-8 (bytes that are not become lone surrogates), and `load_json` refuses any string holding a
+lone surrogate (which JSON can also write as an escape, "\\ud800") with a 400 naming the field, so no codec error
+reaches a message, a log or a file name later.
+
 Temperatures in (0, MIN_TEMPERATURE) are refused (HTTP 400), not served as greedy: logits / T overflows float32
 below about 1e-38, and between that and the floor a trainer recomputing log_softmax(logits / T) would disagree with
 a greedy logprob. Send 0 for greedy.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +78,7 @@ def parse_completion(body: bytes, limits: ServeLimits, vocab_size: int | None = 
     problem = structure_problem(body, limits)
     if problem:
         raise BadRequest(f"bad request: {problem}. {_EXAMPLE}")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, a number too long to convert
-        raise BadRequest(f"bad request: the body is not JSON ({type(err).__name__}: {str(err)[:100]}). "
-                         f"{_EXAMPLE}") from None
+    data = load_json(body)
     if not isinstance(data, dict):
         raise BadRequest(f"bad request: the body is a JSON {type(data).__name__}, not an object. {_EXAMPLE}")
     for name, allowed in (("stream", "stream=false"), ("echo", "echo=false (the prompt is the ids you sent)")):
@@ -144,6 +146,62 @@ def parse_completion(body: bytes, limits: ServeLimits, vocab_size: int | None = 
 
 
 _MISSING = object()
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape in U+D800..U+DFFF (maybe half a pair)
+
+
+def load_json(body: bytes) -> Any:
+    """The JSON value in `body` (UTF-8, a leading BOM ignored), every string of it Unicode text; else BadRequest
+    naming the field (module docstring). Bodies with neither bytes that are not UTF-8 nor a surrogate escape, the
+    usual case, are not walked: they cannot hold a lone surrogate."""
+    try:
+        text, clean = body.decode("utf-8-sig"), not _SURROGATE_ESCAPE.search(body)
+    except UnicodeDecodeError:
+        text, clean = body.decode("utf-8-sig", "surrogateescape"), False
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:  # not JSON, a number too long to convert
+        raise BadRequest(f"bad request: the body is not JSON ({type(err).__name__}: {str(err)[:100]}). "
+                         f"{_EXAMPLE}") from None
+    problem = "" if clean else text_problem(data)
+    if problem:
+        raise BadRequest(f"{problem}: not Unicode text (a lone surrogate such as \\ud800, or bytes that are not "
+                         "UTF-8); send UTF-8 text")
+    return data
+
+
+def text_problem(data: Any) -> str:
+    """'' when every string in `data`, keys included, is Unicode text, else the field that holds one that is not:
+    "model", "extra.nested[1].deeper", "a field name in logit_bias". Iterative: the depth is the client's."""
+    todo: list[tuple[Any, tuple]] = [(data, ())]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, str):
+            if not _is_text(value):
+                return _field(path) or "the body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _is_text(key):
+                    return f"a field name in {_field(path) or 'the body'}"
+                todo.append((item, (*path, key)))
+        elif isinstance(value, list):
+            todo.extend((item, (*path, i)) for i, item in enumerate(value) if isinstance(item, (str, list, dict)))
+    return ""
+
+
+def _is_text(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _field(path: tuple) -> str:
+    """A JSON path as a field name: keys joined by dots, list indexes in brackets, cut to 120 characters."""
+    name = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".")
+    return name if len(name) <= 120 else name[:117] + "..."
 
 
 def _integer(data: dict, name: str, default: int | None) -> int | None:

@@ -1,19 +1,24 @@
 """The one thread that runs the engine for `tracerl serve`, sharing it fairly between requests.
 
 Each admitted request is a job: one row per sample (prompt index, ids and logprobs so far, finish reason). The thread
-takes jobs round-robin and runs one slice of the next job: rows of equal progress, at most `slice_steps` more tokens
-each and about `slice_tokens` tokens in all; a row that reached neither a stop token nor max_tokens is continued in a
-later slice from its prompt + what it generated (the engine's KV store holds that prefix, so only the new tokens
-cost). So a one-token request waits for at most one slice of each request ahead of it, never for a whole large one.
-A cancelled job (its client went away) is dropped at its next turn.
+takes jobs round-robin and runs one slice of the next job. A slice costs the engine the prompt tokens it prefills
+plus the tokens it decodes, and both count against `slice_tokens`: a job's rows are generated in groups, in row
+order, a group being as many rows not yet started as fit one slice (each costs its `slice_steps` decoding steps,
+plus its prompt's length when the job has not sent that prompt before; the first row always fits); the group's rows
+are continued, `slice_steps` tokens a slice, until each reached a stop token or max_tokens, and only then does the
+next group start. A continued row goes back to the engine as its prompt + what it generated, which the engine's KV
+store holds from the group's previous slice, so only the new tokens cost. So a one-token request waits for at most
+one slice of each request ahead of it (about `slice_tokens` tokens of work; more only when a single prompt is longer
+than that, and then that prompt alone), never for a whole large one. A cancelled job (its client went away) is
+dropped at its next turn.
 
-A request whose rows fit one slice (the common case: max_tokens <= slice_steps and prompts x n x max_tokens <=
-slice_tokens) is one engine call with the request's own seed, exactly as the engine would answer it directly.
-A longer one is deterministic too: slice k of a seeded job is seeded with a value derived from (seed, k), and which
-rows a slice holds depends only on the job, not on other requests.
+A request whose rows fit one slice (the common case: max_tokens <= slice_steps and prompt tokens + prompts x n x
+max_tokens <= slice_tokens) is one engine call with the request's own seed, exactly as the engine would answer it
+directly. A longer one is deterministic too: slice k of a seeded job is seeded with a value derived from (seed, k),
+and which rows a slice holds depends only on the job, not on other requests.
 
-What it does not do: batch rows of different requests together (one slice is one request's rows), or preempt a
-slice once started (a slice is bounded instead).
+What it does not do: batch rows of different requests together (one slice is one request's rows), split one
+prompt's prefill across slices, or preempt a slice once started (a slice is bounded instead).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class Job:
     future: Future = field(default_factory=Future)
     cancelled: bool = False
     num_slices: int = 0
+    group: list[_Row] = field(default_factory=list)  # the rows being generated now, until they all finish
+    prompts_sent: set[int] = field(default_factory=set)  # prompts the engine has prefilled for this job
 
 
 def slice_seed(seed: int | None, k: int) -> int | None:
@@ -136,11 +143,12 @@ class Scheduler:
                     self._running = None
 
     def _run_slice(self, job: Job) -> None:
-        """Generate the next slice of `job`: the unfinished rows with the fewest tokens, each up to slice_steps more."""
-        open_rows = [row for row in job.rows if not row.finish_reason]
-        done = min(len(row.token_ids) for row in open_rows)
+        """Generate the next slice of `job`: its group's unfinished rows (a new group once they all finished), each up
+        to slice_steps more tokens."""
+        rows = [row for row in job.group if not row.finish_reason] or self._next_group(job)
+        done = len(rows[0].token_ids)
+        assert all(len(row.token_ids) == done for row in rows), "a group's rows advance together"
         steps = min(self.limits.slice_steps, job.params.max_tokens - done)
-        rows = [row for row in open_rows if len(row.token_ids) == done][: max(1, self.limits.slice_tokens // steps)]
         params = replace(job.params, max_tokens=steps, seed=slice_seed(job.params.seed, job.num_slices))
         job.num_slices += 1
         prefixes = [job.prompts[row.prompt_index] + row.token_ids for row in rows]
@@ -151,6 +159,23 @@ class Scheduler:
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= job.params.max_tokens:
                 row.finish_reason = "length"
+
+    def _next_group(self, job: Job) -> list[_Row]:
+        """The next rows not yet started, in order, as many as one slice's work allows and at least one: each costs
+        its first slice's decoding steps, plus its prompt's length if the job has not sent that prompt yet."""
+        steps = min(self.limits.slice_steps, job.params.max_tokens)
+        budget, group = self.limits.slice_tokens, []
+        for row in job.rows:
+            if row.token_ids or row.finish_reason:  # started in an earlier group
+                continue
+            cost = steps + (0 if row.prompt_index in job.prompts_sent else len(job.prompts[row.prompt_index]))
+            if group and cost > budget:
+                break
+            budget -= cost
+            group.append(row)
+            job.prompts_sent.add(row.prompt_index)
+        job.group = group
+        return group
 
     @staticmethod
     def _results(job: Job) -> list[list[Completion]]:
