@@ -44,11 +44,11 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = knob(0, ge=0)  # seeds data order, allocation, sampling and the predictor; same seed -> same run
-    num_steps: int = knob(12, ge=1)  # policy updates; each spends one step's sampling budget
+    num_steps: int = knob(24, ge=1)  # policy updates; each spends one step's sampling budget
     total_token_budget: int = knob(0, ge=0)  # the run's sampled tokens in all: stop after the first step whose cumulative sampled tokens reach this (0 = off; num_steps stays the cap; a step's own budget is allocation's), so every method of a comparison gets the same sampled tokens (docs/training.md)
     out_dir: str = "runs/{method}-seed{seed}"  # run directory ({method} and {seed} are filled in)
     eval_every: int = knob(0, ge=0)  # held-out evaluation every N steps (0 = only before the first and after the last step)
-    eval_prompts: int = knob(128, ge=2)  # held-out questions per evaluation (more = smaller standard error, slower)
+    eval_prompts: int = knob(256, ge=2)  # held-out questions per evaluation (more = smaller standard error, slower)
     eval_samples: int = knob(4, ge=1)  # samples per held-out question (avg@k)
     eval_temperature: float = knob(1.0, ge=0)  # sampling temperature of the evaluation (0 = greedy)
     eval_coupled: bool = False  # coupled evaluation: each question's samples draw from streams keyed by (seed, question, sample, turn), the same for every method of a seed, so differences between methods carry less sampling noise (docs/training.md)
