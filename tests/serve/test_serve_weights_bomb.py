@@ -121,13 +121,9 @@ def reset_peak_rss() -> None:
         f.write("5")
 
 
-def test_rebuilt_torch_file_loads(served, tmp_path):
-    """The control: the entries of a torch.save, written again by `write_zip`, load; so a bomb's refusal below is
-    its bomb's, not the rebuilding's."""
-    url, engine = served
-    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    path = tmp_path / "rebuilt.pt"
-    write_zip(path, torch_entries(engine, tmp_path))
+def loads_then_restore(url, engine, path, tmp_path, before):
+    """`path` loads (its weights are `before` + 1, as `torch_entries` writes them); the served weights are then put
+    back to `before`."""
     try:
         response = httpx.post(f"{url}/v1/load_weights", json={"path": str(path)}, timeout=HANG_S)
         assert response.status_code == 200, response.text[:300]
@@ -137,6 +133,16 @@ def test_rebuilt_torch_file_loads(served, tmp_path):
         torch.save(before, tmp_path / "orig.pt")
         restore = httpx.post(f"{url}/v1/load_weights", json={"path": str(tmp_path / "orig.pt")}, timeout=HANG_S)
         assert restore.status_code == 200, restore.text[:300]
+
+
+def test_rebuilt_torch_file_loads(served, tmp_path):
+    """The control: the entries of a torch.save, written again by `write_zip`, load; so a bomb's refusal below is
+    its bomb's, not the rebuilding's."""
+    url, engine = served
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    path = tmp_path / "rebuilt.pt"
+    write_zip(path, torch_entries(engine, tmp_path))
+    loads_then_restore(url, engine, path, tmp_path, before)
 
 
 @pytest.mark.parametrize("kind", ["storage declared", "storage lying", "pickle declared", "pickle lying",
@@ -174,15 +180,7 @@ def test_honestly_deflated_pickle_loads(served, tmp_path):
     path = tmp_path / "deflated-pickle.pt"
     write_zip(path, replaced(entries, "data.pkl", entry(pickle[0], deflated(pickle[1]), DEFLATED, pickle[3],
                                                         pickle[4])))
-    try:
-        response = httpx.post(f"{url}/v1/load_weights", json={"path": str(path)}, timeout=HANG_S)
-        assert response.status_code == 200, response.text[:300]
-        name = next(iter(before))
-        assert torch.equal(engine.model.state_dict()[name], before[name] + 1.0)
-    finally:
-        torch.save(before, tmp_path / "orig.pt")
-        restore = httpx.post(f"{url}/v1/load_weights", json={"path": str(tmp_path / "orig.pt")}, timeout=HANG_S)
-        assert restore.status_code == 200, restore.text[:300]
+    loads_then_restore(url, engine, path, tmp_path, before)
 
 
 def test_archive_problem_passes_what_torch_save_writes_and_refuses_the_rest(tmp_path):

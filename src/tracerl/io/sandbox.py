@@ -112,7 +112,7 @@ from tracerl.io.sandbox_cgroups import cgroup_oom, make_cgroups, remove_cgroups
 from tracerl.io.sandbox_child import read_message, write_message
 from tracerl.io.sandbox_output import Capture, capped_text, wait_and_drain
 from tracerl.io.sandbox_syscalls import seccomp_table
-from tracerl.io.sandbox_view import other_accessible, read_roots, read_view
+from tracerl.io.sandbox_view import other_accessible, read_roots, read_view, scan
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -405,23 +405,9 @@ def _private_parent() -> str:
 
 
 def _tree_bytes(path: str) -> int:
-    """Bytes in regular files beneath `path` (size or allocated blocks, the larger; no symlinks followed)."""
-    total, todo = 0, [path]
-    while todo:
-        try:
-            entries = list(os.scandir(todo.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    todo.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):  # blocks too: fallocate reserves them, size unchanged
-                    st = entry.stat(follow_symlinks=False)
-                    total += max(st.st_size, st.st_blocks * 512)
-            except OSError:
-                continue
-    return total
+    """Bytes in regular files beneath `path` (size or allocated blocks, the larger: fallocate reserves blocks and
+    leaves the size; no symlinks followed)."""
+    return sum(max(st.st_size, st.st_blocks * 512) for _, st in scan([path]) if stat.S_ISREG(st.st_mode))
 
 
 def _remove_tree(path: str) -> None:

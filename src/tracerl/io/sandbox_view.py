@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+from typing import Callable, Iterable, Iterator
 
 SYSTEM_ROOTS = ("/usr", "/lib", "/lib64", "/etc")  # /bin and /sbin live in /usr, or are links to it
 
@@ -68,7 +69,25 @@ def hidden_entries(roots: tuple[str, ...]) -> tuple[str, ...]:
     folders others may not list or enter (nothing beneath them is visited), files others may not read, and files
     that are neither regular files, folders nor symlinks (a FIFO or socket would be a channel to the host). A
     symlink is not an entry of its own: Landlock checks the path it resolves to."""
-    hidden, todo = [], list(roots)
+    hidden = []
+    for entry, st in scan(roots, enter=lambda st: st.st_mode & 0o5 == 0o5):
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            if mode & 0o5 != 0o5:
+                hidden.append(entry.path)
+        elif stat.S_ISREG(mode):
+            if not mode & 0o4:
+                hidden.append(entry.path)
+        elif not stat.S_ISLNK(mode):
+            hidden.append(entry.path)
+    return tuple(sorted(hidden))
+
+
+def scan(roots: Iterable[str], enter: Callable[[os.stat_result], bool] = lambda st: True
+         ) -> Iterator[tuple[os.DirEntry, os.stat_result]]:
+    """Every entry beneath `roots` with its own stat (symlinks not followed), without recursion, so any depth is
+    walked; a folder is entered when `enter(its stat)` says so; entries that vanish or cannot be read are skipped."""
+    todo = list(roots)
     while todo:
         try:
             entries = list(os.scandir(todo.pop()))
@@ -76,20 +95,12 @@ def hidden_entries(roots: tuple[str, ...]) -> tuple[str, ...]:
             continue
         for entry in entries:
             try:
-                mode = entry.stat(follow_symlinks=False).st_mode
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISDIR(mode):
-                if mode & 0o5 == 0o5:
-                    todo.append(entry.path)
-                else:
-                    hidden.append(entry.path)
-            elif stat.S_ISREG(mode):
-                if not mode & 0o4:
-                    hidden.append(entry.path)
-            elif not stat.S_ISLNK(mode):
-                hidden.append(entry.path)
-    return tuple(sorted(hidden))
+            if stat.S_ISDIR(st.st_mode) and enter(st):
+                todo.append(entry.path)
+            yield entry, st
 
 
 def _ancestors(path: str) -> list[str]:
