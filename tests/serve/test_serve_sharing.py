@@ -120,12 +120,21 @@ def test_client_holding_1100_connections_does_not_lock_out_another(port, data):
 
 
 def test_client_holding_1100_unfinished_heads_still_gets_its_own_health(port):
+    """The hog's own /health competes with its own held connections: when the cap is full the address holding the
+    most gives up its oldest unserved connection, and on a loaded machine a new connection can grow oldest before
+    its head is read (the hog reopens every connection the server closes). So it is served within a few tries, not
+    necessarily the first (another client's is served at once: the test above)."""
+    errors = []
     with Hog(port, "127.0.0.2", NUM_HELD, UNFINISHED_HEAD):
-        with client("127.0.0.2") as http:
-            try:
-                status = http.get(f"http://127.0.0.1:{port}/health").status_code
-            except httpx.TransportError as exc:
-                pytest.fail(f"/health from the hog's own address failed: {exc!r}")
+        for _ in range(5):
+            with client("127.0.0.2") as http:
+                try:
+                    status = http.get(f"http://127.0.0.1:{port}/health").status_code
+                    break
+                except httpx.TransportError as exc:
+                    errors.append(repr(exc))
+        else:
+            pytest.fail(f"/health from the hog's own address failed 5 times: {errors}")
     assert status == 200
 
 
