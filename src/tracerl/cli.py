@@ -213,31 +213,12 @@ def _report_faults(run_dir) -> int:
     return 0
 
 
-def _eval_config_path(args: argparse.Namespace) -> str | None:
-    """The config `tracerl eval` reads: --config; else, with --out, the run's own `config.json` (what `tracerl train`
-    saved); else the built-in defaults. A checkpoint without either is refused with the fix: the defaults would build
-    another policy than the run trained, and a checkpoint loads only beside the run's config.json (`Trainer.resume`)."""
-    if args.config or not args.out:
-        return args.config
-    from tracerl.io.run_folder import run_path
-
-    saved = run_path(args.out, "config.json")  # a symlink there is refused, not read as this run's
-    if saved.is_file():
-        return str(saved)
-    if not args.checkpoint:
-        return None  # the defaults' starting policy, as without --out
-    if not run_path(args.out, "checkpoints").is_dir():
-        raise ValueError(f"{args.out} holds neither a config.json nor checkpoints, so it is no run folder of tracerl "
-                         "train; give --out the folder the run was trained in")
-    raise ValueError(f"{args.out} holds no config.json (tracerl train saves it there), so nothing says which policy "
-                     "and task its checkpoint belongs to; copy the config.json of its latest checkpoint "
-                     f"({Path(args.out) / 'checkpoints' / 'step-NNNNNN' / 'config.json'}) to {saved}")
-
-
 def _eval(args: argparse.Namespace) -> int:
+    from tracerl.train.checkpoint import saved_config
     from tracerl.train.trainer import Trainer, format_eval
 
-    args.config = _eval_config_path(args)
+    if not args.config and args.out:  # the run's own config: a checkpoint loads only beside it
+        args.config = saved_config(args.out, needed=args.checkpoint)
     args.set = [*(args.set or []), "run.tensorboard=false"]
     config = _train_config(args)
     trainer = Trainer(config, say=_say)

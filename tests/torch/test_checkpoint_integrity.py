@@ -110,6 +110,14 @@ def _write_manifest(folder, manifest):
     (folder / checkpoint.MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
+def _plant(folder, name, text):
+    """Write `name` into the checkpoint `folder` and list it in the manifest with its true hash and size."""
+    (folder / name).write_text(text)
+    manifest = _manifest(folder)
+    manifest["files"][name] = _entry(folder / name)
+    _write_manifest(folder, manifest)
+
+
 def _entry(path):
     data = path.read_bytes()
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -157,10 +165,7 @@ def test_a_manifest_entry_that_is_not_a_file_of_the_folder_is_refused_without_op
 
 def test_a_file_listed_that_loading_never_reads_is_refused(tmp_path):
     folder, _ = _save(tmp_path, 1, seed=1)
-    (folder / "notes.txt").write_text("hello")
-    manifest = _manifest(folder)
-    manifest["files"]["notes.txt"] = _entry(folder / "notes.txt")
-    _write_manifest(folder, manifest)
+    _plant(folder, "notes.txt", "hello")
     _refused(tmp_path, "notes.txt")
 
 
@@ -455,10 +460,7 @@ def test_many_differing_keys_are_named_a_few_then_counted(tmp_path):
 def test_a_checkpoint_whose_own_config_is_not_a_table_is_refused(tmp_path):
     checkpoint.save_config(tmp_path, SAVED)
     folder, _ = _save(tmp_path, 1, seed=1)
-    (folder / "config.json").write_text("[]")
-    manifest = _manifest(folder)
-    manifest["files"]["config.json"] = _entry(folder / "config.json")
-    _write_manifest(folder, manifest)
+    _plant(folder, "config.json", "[]")
     _refused(tmp_path, "config.json")
 
 
@@ -468,12 +470,10 @@ def test_a_config_json_nested_deep_is_refused_without_a_recursion_error(tmp_path
     folder, _ = _save(tmp_path, 1, seed=1)
     text = ('{"method": "trace", "run": {"num_steps": 12, "seed": 0}, "optim": {"lr": 0.1}, "predictor": {"options": '
             + '{"a": ' * 3000 + "{}" + "}" * 3000 + "}}")
-    path = tmp_path / checkpoint.CONFIG_FILE if where == "run" else folder / "config.json"
-    path.write_text(text)
     if where == "checkpoint":
-        manifest = _manifest(folder)
-        manifest["files"]["config.json"] = _entry(path)
-        _write_manifest(folder, manifest)
+        _plant(folder, "config.json", text)
+    else:
+        (tmp_path / checkpoint.CONFIG_FILE).write_text(text)
     _refused(tmp_path, "config.json")
 
 

@@ -96,33 +96,28 @@ def test_a_math_mix_naming_many_generators():
 # ---------------------------------------------------------------- written after the fix
 # (the sites the grep for key listings found beyond the brief's: a domain's options and its named choices)
 
-def test_unknown_data_options():
-    from tracerl.io.domains import check_options
-
-    with pytest.raises(ValueError) as caught:
-        check_options("funcall", keys())
-    assert_bounded(str(caught.value), "data.options", "k000000")
-
-
-def test_unknown_domain_options_in_with_options():
+def _funcall():
     from tracerl.io.domains.funcall import FuncallDomain
-
-    with pytest.raises(ValueError) as caught:
-        FuncallDomain().with_options(**keys())
-    assert_bounded(str(caught.value), "no option", "k000000")
+    return FuncallDomain
 
 
-def test_unknown_funcall_templates():
-    from tracerl.io.domains.funcall import FuncallDomain
-
-    with pytest.raises(ValueError) as caught:
-        FuncallDomain(templates=dict.fromkeys(keys(), 1.0))
-    assert_bounded(str(caught.value), "templates", "k000000")
-
-
-def test_unknown_multihop_missing_kinds():
+def _multihop():
     from tracerl.io.domains.multihop import MultiHopDomain
+    return MultiHopDomain
 
+
+def _check_options(**options):
+    from tracerl.io.domains import check_options
+    return check_options("funcall", options)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: _check_options(**keys()), ("data.options",)),
+    (lambda: _funcall()().with_options(**keys()), ("no option",)),
+    (lambda: _funcall()(templates=dict.fromkeys(keys(), 1.0)), ("templates",)),
+    (lambda: _multihop()(missing_kinds=tuple(keys())), ("missing_kinds",)),
+], ids=["data options", "domain options in with_options", "funcall templates", "multihop missing_kinds"])
+def test_unknown_names_of_a_domain(make, words):
     with pytest.raises(ValueError) as caught:
-        MultiHopDomain(missing_kinds=tuple(keys()))
-    assert_bounded(str(caught.value), "missing_kinds", "k000000")
+        make()
+    assert_bounded(str(caught.value), *words, "k000000")

@@ -37,53 +37,53 @@ def _run_linking(tmp_path, name, target):
     return run
 
 
-def test_metrics_are_never_appended_through_a_symlink(tmp_path):
+def _never_through(tmp_path, name, act, words=()):
+    """Run `act(run)` in a run folder whose `name` is a symlink into another run: it may refuse (a ValueError naming
+    `name` and `words`), but the other run must be left as it was."""
     other = _other_run(tmp_path)
     before = _snapshot(other)
-    run = _run_linking(tmp_path, METRICS_FILE, other / METRICS_FILE)
+    run = _run_linking(tmp_path, name, other / name)
     try:
-        log = RunLog(run)
-        log.write("train", 3, {"rollout/cum_tokens": 30})
-        log.close()
+        act(run)
     except ValueError as refused:
-        assert METRICS_FILE in str(refused) and "symlink" in str(refused)
-    assert _snapshot(other) == before, "a run appended its metrics to another run's file"
+        assert name in str(refused) and all(w in str(refused) for w in words)
+    return _snapshot(other) == before
+
+
+def _append(run):
+    log = RunLog(run)
+    log.write("train", 3, {"rollout/cum_tokens": 30})
+    log.close()
+
+
+def _truncate(run):
+    log = RunLog(run)
+    log.truncate_after(0)
+    log.close()
+
+
+def _lock(run):
+    with run_lock(run):
+        pass
+
+
+def test_metrics_are_never_appended_through_a_symlink(tmp_path):
+    assert _never_through(tmp_path, METRICS_FILE, _append, ["symlink"]), \
+        "a run appended its metrics to another run's file"
 
 
 def test_a_resume_never_truncates_metrics_through_a_symlink(tmp_path):
-    other = _other_run(tmp_path)
-    before = _snapshot(other)
-    run = _run_linking(tmp_path, METRICS_FILE, other / METRICS_FILE)
-    try:
-        log = RunLog(run)
-        log.truncate_after(0)
-        log.close()
-    except ValueError as refused:
-        assert METRICS_FILE in str(refused)
-    assert _snapshot(other) == before, "a resume truncated another run's metrics"
+    assert _never_through(tmp_path, METRICS_FILE, _truncate), "a resume truncated another run's metrics"
 
 
 def test_the_lock_never_truncates_a_file_a_symlink_leads_to(tmp_path):
-    other = _other_run(tmp_path)
-    before = _snapshot(other)
-    run = _run_linking(tmp_path, LOCK_FILE, other / LOCK_FILE)
-    try:
-        with run_lock(run):
-            pass
-    except ValueError as refused:
-        assert LOCK_FILE in str(refused)
-    assert _snapshot(other) == before, "taking the lock overwrote the file its symlink leads to"
+    assert _never_through(tmp_path, LOCK_FILE, _lock), "taking the lock overwrote the file its symlink leads to"
 
 
 def test_trees_are_never_written_into_a_folder_a_symlink_leads_to(tmp_path):
-    other = _other_run(tmp_path)
-    before = _snapshot(other)
-    run = _run_linking(tmp_path, TREES_DIR, other / TREES_DIR)
-    try:
-        write_trees(run, 1, {"step": 1, "method": "grpo", "pool": [], "trees": []})
-    except ValueError as refused:
-        assert TREES_DIR in str(refused)
-    assert _snapshot(other) == before, "a run wrote its trees into another run's folder"
+    assert _never_through(tmp_path, TREES_DIR, lambda run: write_trees(run, 1, {"step": 1, "method": "grpo",
+                                                                                 "pool": [], "trees": []})), \
+        "a run wrote its trees into another run's folder"
 
 
 def test_a_metrics_file_that_is_a_symlink_is_not_read_as_the_runs(tmp_path):

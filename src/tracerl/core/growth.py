@@ -212,7 +212,8 @@ def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.nd
         seconds["rollout"] += time.perf_counter() - t0
         ledger.charge_tokens(tokens, kind="root")
         rounds.append((int(grants.sum()), int(tokens)))
-        for i, tree in tree_of.items():
+        for i in np.flatnonzero(grants):  # only this round's prompts have new rollouts
+            tree = tree_of[int(i)]
             fresh = [tree.nodes[leaf].reward for leaf in tree.leaves() if tree.nodes[leaf].anchor_id == 0]
             seen.rollouts[i], seen.successes[i] = len(fresh), sum(r > 0.5 for r in fresh)
     selected = np.array(sorted(tree_of), dtype=np.int64)

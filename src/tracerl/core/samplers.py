@@ -224,7 +224,8 @@ class ScreenThenCommit(RoundSampler):
                                seen.budget_left)
         out[commit] = self.commit
         self.committed += commit.tolist()
-        self.queue = [i for i in self.queue if i not in set(commit.tolist())]
+        committed = set(commit.tolist())
+        self.queue = [i for i in self.queue if i not in committed]
         left = seen.budget_left - float(np.sum(out * seen.cost))
         fresh = np.array([i for i in seen.order if seen.rollouts[i] == 0], dtype=np.int64)[: self.batch]
         screen = take_in_order(fresh, (self.screen + self.commit) * seen.cost, left)

@@ -348,6 +348,23 @@ def latest(run_dir: str | Path) -> Path | None:
                           + f". Restore the files from a backup, or delete {root / 'latest'} to start the run over")
 
 
+def saved_config(run_dir: str | Path, needed: bool) -> str | None:
+    """The run's own config (`run_dir/config.json`, what `tracerl train` saved), or None when there is none and
+    `needed` is False (the caller's defaults then). With `needed` (a checkpoint is to be loaded, and loads only beside
+    the run's config) a missing one raises ValueError naming the fix."""
+    saved = run_path(run_dir, CONFIG_FILE)  # a symlink there is refused, not read as this run's
+    if saved.is_file():
+        return str(saved)
+    if not needed:
+        return None
+    if not run_path(run_dir, "checkpoints").is_dir():
+        raise ValueError(f"{run_dir} holds neither a {CONFIG_FILE} nor checkpoints, so it is no run folder of tracerl "
+                         "train; give --out the folder the run was trained in")
+    raise ValueError(f"{run_dir} holds no {CONFIG_FILE} (tracerl train saves it there), so nothing says which policy "
+                     f"and task its checkpoint belongs to; copy the {CONFIG_FILE} of its latest checkpoint "
+                     f"({Path(run_dir) / 'checkpoints' / 'step-NNNNNN' / CONFIG_FILE}) to {saved}")
+
+
 def load(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          predictor: Predictor | None, *, config: Mapping[str, Any] | None = None,
          may_change: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
