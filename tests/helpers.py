@@ -132,14 +132,14 @@ def thread_server(app, config=None):
         thread.join(10)
 
 
-def load_benchmark_script(name: str):
-    """A script of benchmarks/ (which is not a package) as a module, registered in sys.modules under its name so
+def load_study_script(name: str):
+    """A script of studies/ (which is not a package) as a module, registered in sys.modules under its name so
     that its dataclasses resolve."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "studies" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

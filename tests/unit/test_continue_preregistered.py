@@ -1,6 +1,7 @@
-"""benchmarks/continue_preregistered.sh: the seeds not yet kept, taken by lanes (of one invocation or of several)
-so that no run is trained twice, each seed kept as soon as it finishes; a deadline after which no seed starts; a
-testbed already read is never trained again."""
+"""studies/continue_preregistered.sh: the seeds not yet kept, taken by lanes (of one invocation or of several)
+so that no run is trained twice, each seed kept in the design's archive as soon as it finishes; a deadline after
+which no seed starts; a testbed already read is never trained again. The frozen tree is a commit from before the
+studies left benchmarks/, so its stand-in keeps its trainer there."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_benchmark_script
+from helpers import load_study_script
 from test_run_records import LABELS, make_run
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = "benchmarks/continue_preregistered.sh"
+SCRIPT = "studies/continue_preregistered.sh"
 
 # stands in for the frozen tree's preregistered.sh: for SEEDS "s-s", writes three finished runs of seed s and logs it
 FAKE_TRAINER = """#!/usr/bin/env bash
@@ -55,7 +56,7 @@ def trees(tmp_path):
     """A copy of this tree's two scripts (HERE) and a stand-in frozen tree (FROZEN, a git repository whose commit
     the copied script expects in place of the multihop testbeds' caeaa86)."""
     here, frozen = tmp_path / "here", tmp_path / "frozen"
-    (here / "benchmarks").mkdir(parents=True)
+    (here / "studies").mkdir(parents=True)
     (frozen / "benchmarks").mkdir(parents=True)
     (frozen / "benchmarks" / "preregistered.sh").write_text(FAKE_TRAINER)
     (frozen / "benchmarks" / "preregistered.sh").chmod(0o755)
@@ -63,7 +64,7 @@ def trees(tmp_path):
     git(frozen, "add", "-A")
     git(frozen, "commit", "-qm", "frozen")
     head = git(frozen, "rev-parse", "HEAD")
-    shutil.copy2(ROOT / "benchmarks" / "run_records.py", here / "benchmarks" / "run_records.py")
+    shutil.copy2(ROOT / "studies" / "run_records.py", here / "studies" / "run_records.py")
     script = (ROOT / SCRIPT).read_text()
     assert script.count("commit=caeaa86") == 1
     (here / SCRIPT).write_text(script.replace("commit=caeaa86", f"commit={head[:7]}"))
@@ -76,12 +77,33 @@ def run(here: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess
     return subprocess.run(["bash", str(here / SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
+def keep_seeds(here: Path, table: str, seeds) -> Path:
+    """The archive of `table` holding finished runs of `seeds`, as if kept already; returns the archive."""
+    folder = here.parent / f"{table}-records"
+    for seed in seeds:
+        for label in LABELS:
+            make_run(folder, label, seed)
+    archive = here / "studies" / table / "runs.tar.xz"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    records_module().pack(folder, archive)
+    return archive
+
+
+def unpacked(archive: Path) -> Path:
+    """The kept runs of `archive`, unpacked beside it into a fresh folder."""
+    folder = archive.parent.parent / f"{archive.parent.name}-unpacked"
+    shutil.rmtree(folder, ignore_errors=True)
+    records_module().unpack(archive, folder)
+    return folder
+
+
+def records_module():
+    return load_study_script("run_records")
+
+
 def test_a_dry_run_lists_the_pending_seeds(trees):
     here, frozen = trees
-    records = here / "benchmarks/results/preregistered-headroom/runs"
-    for seed in (0, 2, 3):
-        for label in LABELS:
-            make_run(records, label, seed)
+    keep_seeds(here, "preregistered-headroom", (0, 2, 3))
     done = run(here, "headroom", str(frozen), "3", "--dry-run")
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split("holds: ")[1].split(" (logs")[0].split()
@@ -103,16 +125,8 @@ def test_a_dry_run_names_the_seeds_a_lane_holds(trees):
 
 
 def keep_default_seeds(here: Path, count: int) -> Path:
-    """Records of the default design's seeds 0..count-1, as if kept already; returns the records folder."""
-    records = here / "benchmarks/results/preregistered-default/runs"
-    for seed in range(count):
-        for label in LABELS:
-            make_run(records, label, seed)
-    return records
-
-
-def module_finished(run_dir: Path) -> bool:
-    return load_benchmark_script("run_records").finished(run_dir)
+    """The default design's archive with seeds 0..count-1, as if kept already; returns the archive."""
+    return keep_seeds(here, "preregistered-default", range(count))
 
 
 def test_every_pending_seed_is_trained_once_and_kept(trees):
@@ -124,18 +138,18 @@ def test_every_pending_seed_is_trained_once_and_kept(trees):
     trained = (frozen / "runs/preregistered/default/trained.txt").read_text().split()
     assert sorted(trained, key=int) == ["27", "28", "29"]
     assert (frozen / "runs/preregistered/default/grpo-seed5/metrics.jsonl").exists()  # restored
-    assert json.loads((records / "trace-seed29" / "config.json").read_text())["run"]["num_steps"] == 2  # kept
+    assert json.loads((unpacked(records) / "trace-seed29" / "config.json").read_text())["run"]["num_steps"] == 2
     assert [p.name.split(".")[0] for p in (frozen / "runs/preregistered/default/.stopped").iterdir()] == [
         "grpo-seed28"]  # set aside, not resumed
-    assert not stopped.exists() or module_finished(stopped)
+    assert not stopped.exists() or records_module().finished(stopped)
     again = run(here, "default", str(frozen), "2")
     assert again.returncode == 0 and "every planned seed" in again.stdout
 
 
 def test_a_testbed_already_read_is_not_trained_again(trees):
     here, frozen = trees
-    (here / "benchmarks/results/preregistered-default").mkdir(parents=True)
-    (here / "benchmarks/results/preregistered-default/primary.md").write_text("read\n")
+    (here / "studies/preregistered-default").mkdir(parents=True)
+    (here / "studies/preregistered-default/primary.md").write_text("read\n")
     done = run(here, "default", str(frozen))
     assert done.returncode == 1 and "has been read" in done.stderr
     assert "unknown design" in run(here, "other", str(frozen)).stderr
@@ -160,7 +174,7 @@ def test_a_seed_that_fails_to_train_is_reported_and_its_lane_goes_on(trees):
     assert "seed 27 failed to train" in done.stderr and "still pending: 27-27" in done.stdout
     assert (frozen / "runs/preregistered/default/trained.txt").read_text().split() == ["26", "27", "28", "29"]
     assert "seed 27 crashed" in (frozen / "runs/preregistered/default/logs/seed-27.log").read_text()
-    assert {p.name for p in records.iterdir() if p.name.endswith(("seed28", "seed29"))} == {
+    assert {p.name for p in unpacked(records).iterdir() if p.name.endswith(("seed28", "seed29"))} == {
         f"{label}-seed{seed}" for seed in (28, 29) for label in LABELS}
 
 
@@ -178,7 +192,7 @@ def test_invocations_side_by_side_train_each_seed_once(trees):
         assert proc.returncode == 0, err
     trained = (frozen / "runs/preregistered/default/trained.txt").read_text().split()
     assert sorted(trained, key=int) == [str(s) for s in range(22, 30)]
-    assert load_benchmark_script("run_records").pending(records, list(range(30)), list(LABELS)) == []
+    assert records_module().pending(records, list(range(30)), list(LABELS)) == []
 
 
 def test_no_seed_starts_after_the_deadline(trees):

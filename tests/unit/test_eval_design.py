@@ -1,4 +1,4 @@
-"""benchmarks/eval_design.py: questions per evaluation against seeds, from a pilot's spread and costs."""
+"""studies/eval_design.py: questions per evaluation against seeds, from a pilot's spread and costs."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_benchmark_script
+from helpers import load_study_script
 
 
 @pytest.fixture(scope="module")
 def eval_design():
-    return load_benchmark_script("eval_design")
+    return load_study_script("eval_design")
 
 
 def _write_run(folder: Path, rows: list[dict]) -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/preregistered_facts.py: the figures of a pre-registered reading, read from its reports."""
+"""studies/preregistered_facts.py: the figures of a pre-registered reading, read from its reports."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_benchmark_script
+from helpers import load_study_script
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = ROOT / "benchmarks" / "results" / "preregistered-default"
+DEFAULT = ROOT / "studies" / "preregistered-default"
 
 
 @pytest.fixture(scope="module")
 def module():
-    return load_benchmark_script("preregistered_facts")
+    return load_study_script("preregistered_facts")
 
 
 def test_the_default_testbeds_figures(module):

@@ -1,21 +1,23 @@
-"""benchmarks/run_records.py: a comparison's finished seeds kept as small records, put back, and what is left."""
+"""studies/run_records.py: a comparison's finished seeds kept as small records, put back, and what is left."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from helpers import load_benchmark_script
+from helpers import load_study_script
 
 LABELS = ["grpo", "pcl", "trace"]
 
 
 @pytest.fixture(scope="module")
 def module():
-    return load_benchmark_script("run_records")
+    return load_study_script("run_records")
 
 
 def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4, weights: str = "ab" * 32,
@@ -27,7 +29,7 @@ def make_run(folder: Path, label: str, seed: int, steps: int = 4, done: int = 4,
     (run / "config.json").write_text(json.dumps({"run": {"num_steps": steps}, "method": label}))
     (run / "provenance.json").write_text(json.dumps({"weights_sha256": weights, "source": str(source or "Qwen/x")}))
     for step in (1, 2):
-        (run / "trees" / f"step-00000{step}.json.gz").write_bytes(b"trees")
+        (run / "trees" / f"step-00000{step}.json.gz").write_bytes(gzip.compress(f'{{"step": {step}}}'.encode()))
     rows = [{"kind": "eval", "step": 0}]
     for step in range(1, done + 1):
         rows.append({"kind": "train", "step": step, "seed": seed, "rollout/cum_tokens": 1000 * step})
@@ -145,28 +147,94 @@ def test_a_seed_from_other_weights_is_refused(module, tmp_path):
     assert module.pending(records, [0, 1], LABELS) == [1]  # seed 0 was kept before the refusal
 
 
-def test_saves_that_run_at_once_each_keep_every_seed_once(tmp_path):
+@pytest.mark.parametrize("kind", ["folder", "archive"])
+def test_saves_that_run_at_once_each_keep_every_seed_once(module, tmp_path, kind):
     """Lanes finish seeds at about the same moment and each calls `save`: the saves take turns, none fails, and each
-    seed is kept whole, once."""
+    seed is kept whole, once (into an archive too: each save unpacks, adds and packs under the lock)."""
     import subprocess
     import sys
 
-    runs, records = tmp_path / "runs", tmp_path / "records"
+    runs = tmp_path / "runs"
+    records = tmp_path / "records" if kind == "folder" else tmp_path / "table" / "runs.tar.xz"
     for seed in range(12):
         for label in LABELS:
             make_run(runs, label, seed)
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run_records.py"
+    script = Path(__file__).resolve().parents[2] / "studies" / "run_records.py"
     saves = [subprocess.Popen([sys.executable, str(script), "save", str(runs), str(records)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outcomes = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read()) for p in saves]
     assert all(code == 0 for code, _, _ in outcomes), outcomes
     kept = [line.split("kept seeds ")[1].split(" in ")[0] for _, out, _ in outcomes for line in out.splitlines()]
     assert sorted(s for s in kept if s != "none") == ["0-11"], kept  # one save kept them all, the others none
+    if kind == "archive":
+        module.unpack(records, tmp_path / "unpacked")
+        records = tmp_path / "unpacked"
     assert sorted(p.name for p in records.iterdir() if not p.name.startswith(".")) == sorted(
         f"{label}-seed{seed}" for seed in range(12) for label in LABELS)
     for seed in range(12):
         assert (records / f"trace-seed{seed}" / "metrics.jsonl").read_bytes() == \
             (runs / f"trace-seed{seed}" / "metrics.jsonl").read_bytes()
+
+
+def test_an_archive_packs_the_same_records_to_the_same_bytes(module, tmp_path):
+    """Whatever order the files were written in and whatever their times, owners or the gzip headers of their trees,
+    the same records give the same archive; unpacked, every file reads as it did (trees gzipped again)."""
+    import os
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for seed in (0, 1):
+        for label in LABELS:
+            make_run(first, label, seed)
+    for seed in (1, 0):  # the other order, other times
+        for label in reversed(LABELS):
+            run = make_run(second, label, seed)
+            os.utime(run / "metrics.jsonl", (1e9, 1e9))
+    for folder in (first, second):  # the same trees, gzipped with other headers
+        for i, path in enumerate(sorted(folder.rglob("step-*.json.gz"))):
+            path.write_bytes(gzip.compress(b'{"step": 1, "trees": []}', mtime=i if folder == first else 7 * i))
+    (first / ".grpo-seed9.tmp").mkdir()  # a copy `save` left when it stopped: not records
+    a, b = tmp_path / "a" / "runs.tar.xz", tmp_path / "b" / "runs.tar.xz"
+    for folder, archive in ((first, a), (second, b)):
+        archive.parent.mkdir()
+        module.pack(folder, archive)
+    assert a.read_bytes() == b.read_bytes()
+    with tarfile.open(a) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == sorted(m.name for m in members)
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
+    assert "runs/grpo-seed0/trees/step-000001.json" in [m.name for m in members]  # stored as JSON
+    back = tmp_path / "back"
+    module.unpack(a, back)
+    tree = back / "grpo-seed0" / "trees" / "step-000001.json.gz"
+    assert gzip.decompress(tree.read_bytes()) == b'{"step": 1, "trees": []}'
+    assert (back / "pcl-seed1" / "metrics.jsonl").read_bytes() == (first / "pcl-seed1" / "metrics.jsonl").read_bytes()
+    again = tmp_path / "again" / "runs.tar.xz"
+    again.parent.mkdir()
+    module.pack(back, again)
+    assert again.read_bytes() == a.read_bytes()  # unpacked and packed again: the same bytes
+
+
+def test_save_restore_and_pending_work_on_an_archive(module, tmp_path):
+    runs, archive, again = tmp_path / "runs", tmp_path / "table" / "runs.tar.xz", tmp_path / "again"
+    for label in LABELS:
+        make_run(runs, label, 0)
+        make_run(runs, label, 1, done=3 if label == "trace" else 4)  # seed 1 not finished
+    assert module.save(runs, archive, LABELS) == [0]
+    packed = archive.read_bytes()
+    assert module.save(runs, archive, LABELS) == [] and archive.read_bytes() == packed  # nothing new: untouched
+    assert module.pending(archive, [0, 1, 2], LABELS) == [1, 2]
+    assert module.restore(archive, again) == [f"{label}-seed0" for label in LABELS]
+    tree = again / "grpo-seed0" / "trees" / "step-000001.json.gz"
+    assert gzip.decompress(tree.read_bytes()) == b'{"step": 1}'  # the first step's trees, gzipped again
+    assert not (again / "grpo-seed0" / "checkpoints").exists() and not tree.with_name("step-000002.json.gz").exists()
+    assert module.main(["pending", str(tmp_path / "missing" / "runs.tar.xz"), "--seeds", "0-1"]) == 0  # none kept
+    bad = tmp_path / "bad" / "runs.tar.xz"  # a member that would land outside the folder is refused
+    bad.parent.mkdir()
+    with tarfile.open(bad, "w:xz") as tar:
+        tar.add(runs / "grpo-seed0" / "config.json", arcname="runs/../../config.json")
+    with pytest.raises(ValueError, match="not a records file"):
+        module.unpack(bad, tmp_path / "out")
+    assert not (tmp_path / "config.json").exists()
 
 
 def test_cost_times_kept_seeds_by_their_logged_seconds(module, tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/same_report.py: a later tree's report must hold every number of the frozen tree's report."""
+"""studies/same_report.py: a later tree's report must hold every number of the frozen tree's report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "same_report.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "same_report.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,16 @@
-"""benchmarks/stage2_calibration.py: an out-of-sample recalibration of stage 2's flip probability."""
+"""studies/stage2_calibration.py: an out-of-sample recalibration of stage 2's flip probability."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from helpers import load_benchmark_script
+from helpers import load_study_script
 
 
 @pytest.fixture(scope="module")
 def module():
-    return load_benchmark_script("stage2_calibration")
+    return load_study_script("stage2_calibration")
 
 
 def synthetic_runs(seed: int, num_runs: int = 6, size: int = 4000) -> list[dict[str, np.ndarray]]:

@@ -8,7 +8,7 @@ computed (docs/design.md section 3, "accuracy" and "The pre-registered reading")
     (a) d_X = success(method) - success(X) at X's final sampled tokens, per seed; paired t-test over seeds
     (b) s_X = tokens(method) / tokens(X) to reach X's final success, per seed; bootstrap over seeds and questions
 
-and applies the rule fixed before the runs (benchmarks/preregistration.md):
+and applies the rule fixed before the runs (studies/preregistration.md):
 
 - the (a) tests form one family: Holm's adjustment over the comparators at level `alpha`;
 - (a) is *established* when its Holm-adjusted p <= alpha (the sign says for or against the method), *refuted*
@@ -26,7 +26,7 @@ Across testbeds (`testbed_verdict`, `tracerl verdict --across-testbeds`): one re
 same comparator, their (a) tests one family (Holm over the testbeds), each testbed's difference established,
 refuted or unresolved as above, with its own planned seed count; the share is listed, not read, and not even listed
 for a report evaluated at two points (a design that evaluates at the start and the stop only has no curve to read it
-on; benchmarks/preregistration.md, "Other domains at equal tokens, with power").
+on; studies/preregistration.md, "Other domains at equal tokens, with power").
 
 Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token) and the
 report's per-seed reading of it against the comparator (`signal_vs_baseline`: difference and t interval over seeds,
@@ -50,7 +50,7 @@ from tracerl.core.stats import holm
 
 @dataclass(frozen=True)
 class Plan:
-    """The pre-registered decision rule (benchmarks/preregistration.md, "Decision rule")."""
+    """The pre-registered decision rule (studies/preregistration.md, "Decision rule")."""
 
     method: str = "trace"  # the entry whose payoff is tested
     planned_seeds: int = 0  # seeds the power analysis fixed; fewer seeds make the reading an interim look

@@ -20,7 +20,7 @@ Before a run's first step its starting weights are hashed and recorded with the 
 begun without that record (an older run) stays without it, and the report counts it as unchecked.
 
 Dense curves: `--set run.eval_every=2` evaluates every 2 steps on `run.eval_prompts` questions, the same questions
-for every entry of a seed. `benchmarks/preregistration.md` sizes the question count from the spread of a question's
+for every entry of a seed. `studies/preregistration.md` sizes the question count from the spread of a question's
 success, and the report's resolution line gives that spread for the next comparison.
 
 `--status` trains nothing and says how far a comparison is: per entry the runs complete, in progress (at which
