@@ -8,7 +8,8 @@ rollout's), `PPOTrainer._compute_advantage` (verl's estimator registry and its G
 The trainer methods are called unbound on a stub holding only what they read, as verl's own *_on_cpu tests do.
 Stand-ins: the LLM server is `EngineLLMClient` over tracerl's scripted expert engine (noisy, so trees are mixed);
 the tiny random Qwen3 saved on disk is what verl's worker loads its tokenizer and model config from.
-Not covered: verl's FSDP actor update, vLLM/SGLang servers and weight sync (docs/verl.md).
+verl's FSDP actor update, its weight sync and the whole trainer run in test_verl_main_ppo.py; vLLM/SGLang servers
+are not covered (docs/verl.md).
 """
 
 import asyncio

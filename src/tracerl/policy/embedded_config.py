@@ -92,13 +92,16 @@ class EmbeddedConfig:
         text = json.dumps({"version": BUILD_VERSION, **data}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def domain_options(self) -> dict[str, Any]:
+        """The multihop world's constructor options (plain data: a verl config's `tracerl.domain_options`)."""
+        return {"num_entities": self.num_entities, "num_distractors": self.num_distractors, "hops": self.hops,
+                "seed": self.domain_seed, "search_k": self.search_k, "hop_mix": self.hop_mix,
+                "warmup_hop_mix": self.warmup_hop_mix, "missing_share": self.missing_share,
+                "missing_kinds": self.missing_kinds, "unanswerable_share": self.unanswerable_share,
+                "warmup_fraction": self.warmup_fraction}
+
     def make_domain(self) -> MultiHopDomain:
-        return MultiHopDomain(num_entities=self.num_entities, num_distractors=self.num_distractors, hops=self.hops,
-                              seed=self.domain_seed, search_k=self.search_k, hop_mix=self.hop_mix,
-                              warmup_hop_mix=self.warmup_hop_mix,
-                              missing_share=self.missing_share, missing_kinds=self.missing_kinds,
-                              unanswerable_share=self.unanswerable_share,
-                              warmup_fraction=self.warmup_fraction)
+        return MultiHopDomain(**self.domain_options())
 
     def limits(self) -> DriverLimits:
         return DriverLimits(self.max_turns, self.max_tokens_per_turn, self.max_tokens_per_rollout)

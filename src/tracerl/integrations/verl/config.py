@@ -71,6 +71,8 @@ class TraceVerlConfig:
     predictor: PredictorConfig = field(default_factory=PredictorConfig)  # tracerl's predictor section (name, options)
     method: str = "trace"  # a tracerl method preset (`tracerl methods`): stage 1, stage 2 and advantage
     domain: str = "multihop"  # built-in environments (multihop, math, funcall, bfcl) when verl names no tools/reward
+    domain_options: dict = field(default_factory=dict)  # the built-in domain's constructor options (e.g. multihop's
+    # world: num_entities, hops, seed; an embedded policy's are `EmbeddedConfig.domain_options()`)
     advantage: str | None = None  # tree advantage estimator; None = the method's (trace for trace)
     advantage_options: dict = field(default_factory=dict)  # AdvantageConfig fields (eps, leave_one_out, ...)
     rm_scores: str = "advantages"  # "advantages": per-token tree advantages (algorithm.adv_estimator=tracerl_tree);
@@ -104,6 +106,11 @@ class TraceVerlConfig:
         if problems:
             raise ValueError("invalid tracerl section of the verl config: " + "; ".join(problems))
         AdvantageConfig(**self.advantage_options)  # raises with its own message on a bad option
+        if self.domain_options:
+            try:
+                make_domain(self.domain, **self.domain_options)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"tracerl.domain_options for domain {self.domain!r}: {err}") from None
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None, *, num_prompts: int,
@@ -215,11 +222,12 @@ def task_settings(config: Any) -> dict[str, Any]:
             "reward_kwargs": dict(reward.get("reward_kwargs") or {})}
 
 
-def task_domain(settings: dict[str, Any], domain: str) -> Any:
+def task_domain(settings: dict[str, Any], domain: str, options: Mapping[str, Any] | None = None) -> Any:
     """The environments of a verl run: the user's task when verl's settings (`task_settings`) name one, else the
-    built-in `domain`. Takes plain data, so a Ray actor (the coordinator) builds the same domain as the workers."""
+    built-in `domain` built with `options`. Takes plain data, so a Ray actor (the coordinator) builds the same domain
+    as the workers."""
     if not (settings["tool_config_path"] or settings.get("function_tool_path") or settings["reward_path"]):
-        return make_domain(domain)
+        return make_domain(domain, **dict(options or {}))
     from tracerl.io.verl_task import verl_task
 
     default = None

@@ -73,7 +73,7 @@ class TraceCoordinator:
         """`config`: the run's tracerl section; `task`: verl's task settings (`config.task_settings`), from which
         the domain (and its state features) is built here, in the actor's own process."""
         self.config = config
-        domain = task_domain(task, config.domain)
+        domain = task_domain(task, config.domain, config.domain_options)
         self.predictor = make_predictor(config.predictor.name, seed=config.seed, state_features=domain.state_features,
                                         **config.predictor.options)
         self.pending: dict[str, dict[str, Any]] = {}  # uid -> tree dict, since the last flush

@@ -96,7 +96,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
         check_verl_config(config, trace)
         trace.predictor.check_machine()
         task = task_settings(config)
-        task_domain(task, trace.domain)  # so does a bad tool config or reward
+        task_domain(task, trace.domain, trace.domain_options)  # so does a bad tool config or reward
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         # set after super().__init__: AgentLoopManagerTQ.__init__ assigns its own worker class
         self.agent_loop_workers_class = ray.remote(TraceAgentLoopWorker)

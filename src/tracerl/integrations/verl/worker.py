@@ -122,7 +122,8 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         self.trace_config = TraceVerlConfig.from_verl(self.config)
         self.method = get_method(self.trace_config.method)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.domain = task_domain(task_settings(self.config), self.trace_config.domain)
+        self.domain = task_domain(task_settings(self.config), self.trace_config.domain,
+                                  self.trace_config.domain_options)
         self.limits = self.trace_config.limits(self.rollout_config.response_length)
         self.trace_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tracerl-tree")
         self.coordinators: dict[str, Any] = {}
