@@ -85,9 +85,10 @@ def test_bench_alloc_and_predictors(capsys):
 def test_bench_engine_and_pack(capsys):
     # README: tracerl bench engine, tracerl bench pack (tiny sizes through --set)
     small = ["--set", "num_prompts=2", "--set", "num_turns=2", "--set", "branch_depths=[1]",
-             "--set", "hidden_size=32", "--set", "num_layers=1"]
+             "--set", "hidden_size=32", "--set", "num_layers=1", "--set", "gemm_sizes=[64]",
+             "--set", "sweep_rows=[1,2]", "--set", "sweep_decode_tokens=2", "--set", "eval_shape=false"]
     status, out, _ = run(capsys, "bench", "engine", "--repeats", "1", *small)
-    assert status == 0 and "reuse" in out.lower()
+    assert status == 0 and "reuse" in out.lower() and "matmul peak" in out
     status, out, _ = run(capsys, "bench", "pack", "--hidden-size", "32", "--set", "num_prompts=2",
                          "--set", "num_layers=1")
     assert status == 0 and "pack" in out.lower()

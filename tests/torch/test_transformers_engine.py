@@ -195,7 +195,7 @@ def test_bench_reuse_cuts_prefill_by_the_shared_prefix_fraction():
 
     cfg = EngineBenchConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                             num_prompts=2, prompt_tokens=16, num_turns=3, turn_tokens=4, observation_tokens=3,
-                            branch_depths=(1, 2), repeats=1)
+                            branch_depths=(1, 2), repeats=1, roofline=False)  # roofline: test_bench_roofline.py
     result = run(cfg)
     on, off, w = result["modes"]["on"], result["modes"]["off"], result["workload"]
     assert on["generated_tokens"] == off["generated_tokens"] == w["num_samples"] * 4

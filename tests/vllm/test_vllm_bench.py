@@ -9,7 +9,7 @@ from tracerl.bench.engine import EngineBenchConfig, run, to_markdown
 
 
 def test_vllm_prefix_cache_hits_reach_90_percent_of_the_shared_prefix_fraction():
-    cfg = EngineBenchConfig(num_layers=2, num_prompts=4, prompt_tokens=128, repeats=1)
+    cfg = EngineBenchConfig(num_layers=2, num_prompts=4, prompt_tokens=128, repeats=1, roofline=False)
     result = run(cfg, vllm=True)
     v = result["vllm"]
     assert v["prefix_cache_queries"] == v["prefix_tokens"]  # vLLM queries every sample's whole prefix, as counted

@@ -17,6 +17,17 @@ runs on `VLLMEngine` with the same weights, its prefix cache emptied before each
 prefill tokens saved and hit rate from vLLM's own counters (`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`,
 in tokens, whole KV blocks only, a prompt's last token never), and the shared-prefix fraction of the workload as
 vLLM drew it (its samples differ from tracerl's engine's, so its rollouts, and their prefixes, do too).
+
+Roofline (`roofline=True`, the default): the machine's float32 matmul peak, timed in the same run on the same torch
+thread count (`gemm_peak`), beside the engine's achieved FLOP/s in prefill and in decode (`engine_flops`, counted
+from the model's config and the engine's `stats`, timed by the engine's own prefill/decode split): for both modes of
+the workload, for one call of `sweep_rows` rows on the bench's model, and for one call at the embedded default
+policy's shape and evaluation batch (`EmbeddedConfig()`: its width, depth, heads and vocabulary, random weights,
+`num_eval_prompts x eval_samples_per_prompt` rows). A decode step's time at 1 row against many rows splits it into
+a fixed part (Python, per-op overheads) and a part that grows with the rows. Decode attention reads every cached key
+and value once per token for a few FLOPs each, so the keys and values it reads are also set against the memory read
+rate measured beside the peak. The FLOPs and bytes are useful ones (pads are computed but not counted), so the ratios
+are a lower bound on what the hardware did.
 """
 
 from __future__ import annotations
@@ -55,6 +66,13 @@ class EngineBenchConfig:
     num_threads: int = 1  # torch CPU threads during the run (0 = torch's default); OpenMP on tiny shapes on a
     # busy 2-core machine can be 10x slower with 2 threads than with 1
     seed: int = 0
+    roofline: bool = True  # also time float32 matmuls for the machine's peak and report the engine's FLOP/s against it
+    gemm_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # square float32 matmuls timed for the peak; the best counts
+    sweep_rows: tuple[int, ...] = (1, 16, 64, 256)  # rows of the one-call shapes on the bench's model; the fewest
+    # shows the fixed time of a decode step, the most how close a wide batch gets to the peak
+    sweep_decode_tokens: int = 32  # decode steps per one-call shape on the bench's model
+    eval_shape: bool = True  # also one call at the embedded default policy's shape and evaluation batch (random)
+    eval_prefix_tokens: int = 256  # prefix tokens per row in that call (a question plus a few turns)
     vllm_block_size: int = 32  # with vllm=True: vLLM's KV block, the unit of its prefix-cache hits (CPU: x32)
 
     def __post_init__(self) -> None:
@@ -62,9 +80,13 @@ class EngineBenchConfig:
             raise ValueError(f"branch_depths={self.branch_depths} must be non-empty, within 1..num_turns-1="
                              f"{self.num_turns - 1}; raise num_turns or pick shallower depths")
         if min(self.num_prompts, self.prompt_tokens, self.rollouts_per_prompt, self.turn_tokens,
-               self.continuations_per_branch, self.repeats) < 1:
-            raise ValueError("num_prompts, prompt_tokens, rollouts_per_prompt, turn_tokens, "
-                             "continuations_per_branch and repeats must all be >= 1")
+               self.continuations_per_branch, self.repeats, self.sweep_decode_tokens, self.eval_prefix_tokens) < 1:
+            raise ValueError("num_prompts, prompt_tokens, rollouts_per_prompt, turn_tokens, continuations_per_branch, "
+                             "repeats, sweep_decode_tokens and eval_prefix_tokens must all be >= 1")
+        if self.roofline and (not self.gemm_sizes or not self.sweep_rows or min(*self.gemm_sizes,
+                                                                                *self.sweep_rows) < 1):
+            raise ValueError(f"gemm_sizes={self.gemm_sizes} and sweep_rows={self.sweep_rows} must be non-empty and "
+                             f">= 1 with roofline=True; set roofline=false to skip the roofline")
 
 
 def _observation(cfg: EngineBenchConfig, path: tuple[int, ...], turn: int) -> list[int]:
@@ -162,6 +184,8 @@ def run(cfg: EngineBenchConfig = EngineBenchConfig(), *, vllm: bool = False) -> 
         model = tiny_qwen3(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
                            cfg.seed, max_position_embeddings=8192)
         result = _run(cfg, model)
+        if cfg.roofline:
+            result["roofline"] = roofline(cfg, model, result["modes"])
         if vllm:
             result["vllm"] = run_vllm(cfg, model)
             result["vllm_speed_ratio"] = (result["vllm"]["generated_tokens_per_s"]
@@ -256,6 +280,8 @@ def to_markdown(result: dict) -> str:
               (f"prefill tokens saved {result['prefill_tokens_saved']:,} (cut {result['prefill_cut_frac']:.3f}, "
                f"{verdict} the shared-prefix bound); speed ratio on/off {result['speed_ratio']:.2f}x; identical "
                f"samples {result['samples_identical_frac']:.3f}; torch threads {result['torch_threads']}")]
+    if "roofline" in result:
+        lines += ["", *roofline_markdown(result["roofline"])]
     if "vllm" in result:
         lines += ["", *engines_table(result)]
     return "\n".join(lines)
@@ -279,4 +305,167 @@ def engines_table(result: dict) -> list[str]:
     lines += [f"| {name} | {tps:,.0f} | {saved:,} | {rate:.3f} | {frac:.3f} |" for name, tps, saved, rate, frac in rows]
     lines += ["", (f"vLLM / transformers (reuse on) generated tokens/s: {result['vllm_speed_ratio']:.2f}x; vLLM's hit "
                    f"rate is {v['hit_rate_over_bound']:.3f} of its workload's shared-prefix fraction")]
+    return lines
+
+
+# ---- roofline: the machine's matmul peak and the engine's FLOP/s against it -----------------------------------------
+
+def flops_per_token(config) -> dict[str, int]:
+    """Matmul FLOPs of one token through a Qwen3-style decoder (a transformers config), in three terms.
+
+    With width h, L layers, H query heads and Hkv key/value heads of size d, MLP width I, vocabulary V:
+    `dense` = 2 L (h H d + 2 h Hkv d + H d h + 3 h I)   (q, k, v, o projections and the gated MLP, 2 FLOPs a weight)
+    `lm_head` = 2 h V                                    (only for a token whose logits are computed)
+    `attention_per_key` = 4 L H d                        (q.k and the weighted sum of v, per key the token attends to)
+    Norms, rotary embeddings, softmax and sampling are left out (a few FLOPs per number, not per weight).
+    """
+    h, heads = config.hidden_size, config.num_attention_heads
+    d = getattr(config, "head_dim", None) or h // heads
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    per_layer = h * heads * d + 2 * h * kv_heads * d + heads * d * h + 3 * h * config.intermediate_size
+    return {"dense": 2 * layers * per_layer, "lm_head": 2 * h * config.vocab_size,
+            "attention_per_key": 4 * layers * heads * d}
+
+
+def engine_flops(stats: dict, config) -> dict[str, int]:
+    """Useful FLOPs of a `TransformersEngine`'s work so far (`flops_per_token` terms x its `stats`):
+
+    prefill = dense x prefill_tokens_computed + lm_head x prefill_rows + attention_per_key x prefill_attention_pairs
+    decode = (dense + lm_head) x decode_tokens_fed + attention_per_key x decode_attention_pairs
+    """
+    f = flops_per_token(config)
+    return {"prefill": (f["dense"] * stats["prefill_tokens_computed"] + f["lm_head"] * stats["prefill_rows"]
+                        + f["attention_per_key"] * stats["prefill_attention_pairs"]),
+            "decode": ((f["dense"] + f["lm_head"]) * stats["decode_tokens_fed"]
+                       + f["attention_per_key"] * stats["decode_attention_pairs"])}
+
+
+def kv_read_bytes(stats: dict, config, itemsize: int = 4) -> int:
+    """Bytes of cached keys and values decode attention reads: decode_attention_pairs x 2 L Hkv d x itemsize (one
+    query token reads every key and value it attends to once per layer; transformers' SDPA path packs the query
+    heads of a group onto their key/value head at one query token, so keys are not repeated). Pads not counted."""
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return stats["decode_attention_pairs"] * 2 * config.num_hidden_layers * config.num_key_value_heads * d * itemsize
+
+
+def gemm_peak(sizes: tuple[int, ...], repeats: int = 3) -> dict:
+    """Float32 `torch.mm` FLOP/s (2 n^3 per n x n product) on the current torch thread count, best of `repeats`
+    per size; `flop_per_s` is the best size's, the peak the engine is held against. `read_bytes_per_s`: a sum over
+    256 MB of float32, the rate memory feeds one reduction (the bound for decode attention, which does 4 d FLOPs
+    per query head for the 8 d bytes of one key and value: one FLOP per byte at two query heads per key/value head)."""
+    gen = torch.Generator().manual_seed(0)
+    by_size = {}
+    for n in sizes:
+        a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)  # (n, n) each
+        out = torch.mm(a, b)  # first call: allocation and thread start-up out of the timing
+        best = float("inf")
+        for _ in range(max(repeats, 1)):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+        by_size[str(n)] = 2 * n ** 3 / best
+    x = torch.randn(64 << 20, generator=gen)  # 256 MB, well past any cache
+    x.sum()
+    read = float("inf")
+    for _ in range(max(repeats, 1)):
+        t0 = time.perf_counter()
+        x.sum()
+        read = min(read, time.perf_counter() - t0)
+    return {"flop_per_s": max(by_size.values()), "by_size": by_size, "torch_threads": torch.get_num_threads(),
+            "read_bytes_per_s": x.numel() * x.element_size() / read}
+
+
+def achieved(stats: dict, config, seconds: float, peak: dict) -> dict:
+    """Prefill and decode FLOP/s of one engine's `stats` against `peak`, forward passes/s and time per decode step.
+
+    Every chunk of rows samples once per forward pass (once after its prefill, once after each decode forward), so
+    a decode step's time is decode_seconds / forward_passes."""
+    flops = engine_flops(stats, config)
+    decode_forwards = stats["forward_passes"] - stats["prefill_forward_passes"]
+    out = {"prefill_flop": flops["prefill"], "decode_flop": flops["decode"]}
+    for phase in ("prefill", "decode"):
+        rate = flops[phase] / max(stats[f"{phase}_seconds"], 1e-12)
+        out.update({f"{phase}_seconds": stats[f"{phase}_seconds"], f"{phase}_flop_per_s": rate,
+                    f"{phase}_peak_frac": rate / peak["flop_per_s"]})
+    kv_rate = kv_read_bytes(stats, config) / max(stats["decode_seconds"], 1e-12)
+    out.update(decode_kv_bytes_per_s=kv_rate, decode_kv_read_frac=kv_rate / peak["read_bytes_per_s"],
+               forward_passes_per_s=stats["forward_passes"] / seconds,
+               decode_step_seconds=stats["decode_seconds"] / max(stats["forward_passes"], 1),
+               mean_decode_rows=stats["decode_tokens_fed"] / max(decode_forwards, 1))
+    return out
+
+
+def one_call(model: torch.nn.Module, rows: int, prefix_tokens: int, decode_tokens: int, cfg: EngineBenchConfig,
+             peak: dict) -> dict:
+    """One `generate` call of `rows` distinct prefixes of one length (no pads, no store), fastest of `cfg.repeats`."""
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng([cfg.seed, 11, rows])
+    prefixes = [rng.integers(0, vocab, prefix_tokens).tolist() for _ in range(rows)]
+    params = SamplingParams(temperature=cfg.temperature, max_tokens=decode_tokens, seed=cfg.seed)
+    best: dict = {}
+    for _ in range(cfg.repeats):
+        engine = TransformersEngine(model, max_batch_size=rows, cache_capacity_tokens=0, reuse_kv=False)
+        t0 = time.perf_counter()
+        engine.generate(prefixes, params)
+        seconds = time.perf_counter() - t0
+        if not best or seconds < best["seconds"]:
+            best = dict(achieved(engine.stats, model.config, seconds, peak), rows=rows, prefix_tokens=prefix_tokens,
+                        decode_tokens=decode_tokens, seconds=seconds,
+                        generated_tokens_per_s=engine.stats["generated_tokens"] / seconds)
+    return best
+
+
+def step_split(calls: list[dict]) -> dict:
+    """A decode step's time as fixed + per_row x rows, from the calls with the fewest and the most rows; `fixed_frac`
+    is the fixed part's share of a step at the most rows."""
+    low, high = min(calls, key=lambda c: c["rows"]), max(calls, key=lambda c: c["rows"])
+    per_row = max((high["decode_step_seconds"] - low["decode_step_seconds"]) / max(high["rows"] - low["rows"], 1),
+                  0.0)  # timing noise on tiny shapes can make it negative
+    fixed = min(max(low["decode_step_seconds"] - per_row * low["rows"], 0.0), high["decode_step_seconds"])
+    return {"fixed_seconds": fixed, "per_row_seconds": per_row, "rows": high["rows"],
+            "fixed_frac": fixed / high["decode_step_seconds"]}
+
+
+def roofline(cfg: EngineBenchConfig, model: torch.nn.Module, modes: dict) -> dict:
+    """The peak, the workload's modes against it, and the one-call shapes (see the module docstring)."""
+    from tracerl.policy.embedded_config import EmbeddedConfig
+
+    peak = gemm_peak(cfg.gemm_sizes)
+    result = {"peak": peak, "modes": {name: achieved(m, model.config, m["seconds"], peak) for name, m in modes.items()}}
+    shapes = {"bench model": [one_call(model, r, cfg.prompt_tokens, cfg.sweep_decode_tokens, cfg, peak)
+                              for r in sorted(set(cfg.sweep_rows))]}
+    if cfg.eval_shape:
+        e = EmbeddedConfig()
+        small = tiny_qwen3(e.vocab_size, e.hidden_size, e.num_layers, e.num_heads, e.num_kv_heads, e.seed,
+                           max_position_embeddings=8192)
+        small_rows = sorted({1, e.num_eval_prompts * e.eval_samples_per_prompt})
+        TransformersEngine(small).generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4, seed=0))  # warm
+        shapes["embedded default"] = [one_call(small, r, cfg.eval_prefix_tokens, e.max_tokens_per_turn, cfg, peak)
+                                      for r in small_rows]
+    result["shapes"] = shapes
+    result["decode_step_split"] = {name: step_split(calls) for name, calls in shapes.items() if len(calls) > 1}
+    return result
+
+
+def roofline_markdown(roof: dict) -> list[str]:
+    """The peak, then one row per piece of work: FLOP/s and KV bytes/s against the peak, decode step time, rows."""
+    peak = roof["peak"]
+    lines = [f"float32 matmul peak {peak['flop_per_s'] / 1e9:.1f} GFLOP/s on {peak['torch_threads']} torch thread(s) "
+             f"(n x n: " + ", ".join(f"{n}: {v / 1e9:.1f}" for n, v in peak["by_size"].items()) + f"); memory read "
+             f"{peak['read_bytes_per_s'] / 1e9:.1f} GB/s", "",
+             "| work | rows | prefill GFLOP/s | of peak | decode GFLOP/s | of peak | decode KV read GB/s | of read "
+             "bandwidth | ms per decode step | mean decode rows | forward passes/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [(f"workload, reuse {name}", "tree", a) for name, a in roof["modes"].items()]
+    rows += [(f"one call, {shape}, prefix {c['prefix_tokens']}, {c['decode_tokens']} steps", c["rows"], c)
+             for shape, calls in roof["shapes"].items() for c in calls]
+    lines += [f"| {name} | {r} | {a['prefill_flop_per_s'] / 1e9:.2f} | {a['prefill_peak_frac']:.3f} | "
+              f"{a['decode_flop_per_s'] / 1e9:.2f} | {a['decode_peak_frac']:.3f} | "
+              f"{a['decode_kv_bytes_per_s'] / 1e9:.2f} | {a['decode_kv_read_frac']:.3f} | "
+              f"{a['decode_step_seconds'] * 1e3:.2f}"
+              f" | {a['mean_decode_rows']:.1f} | {a['forward_passes_per_s']:.1f} |" for name, r, a in rows]
+    for shape, split in roof["decode_step_split"].items():
+        lines += ["", (f"decode step, {shape}: {split['fixed_seconds'] * 1e3:.2f} ms fixed + "
+                       f"{split['per_row_seconds'] * 1e6:.1f} us per row; the fixed part is "
+                       f"{split['fixed_frac']:.2f} of a step at {split['rows']} rows")]
     return lines

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -231,7 +232,12 @@ class TransformersEngine:
       with attention kept off cuDNN (`_SDPA_BACKENDS`).
 
     `stats` counts work: `prefill_tokens_computed + prefill_tokens_reused` is the sum of the prefix lengths of all
-    samples requested; `generated_tokens`, `forward_passes`, `num_calls`, and the store's size and evictions.
+    samples requested; `generated_tokens`, `forward_passes`, `num_calls`, and the store's size and evictions. For a
+    FLOP count (`tracerl.bench.engine.engine_flops`): `prefill_forward_passes`, `prefill_rows` (rows whose last
+    position gets logits), `decode_tokens_fed` (a sample's last token is sampled, never fed), and
+    `prefill_attention_pairs` / `decode_attention_pairs` (over the tokens fed, the real keys each attends to: its
+    position + 1; pads not counted). `prefill_seconds` (prefill forwards and copying rows per sample) and
+    `decode_seconds` (sampling, decode forwards, storing rows) split the wall time of `generate`.
     """
 
     def __init__(self, model: torch.nn.Module, *, device: str | torch.device | None = None, max_batch_size: int = 32,
@@ -262,9 +268,11 @@ class TransformersEngine:
             for param in self.runner.parameters():
                 param.data = param.data.to(compute_dtype)
         self.store = KVStore(cache_capacity_tokens)
-        self.stats: dict[str, int] = dict.fromkeys(
+        self.stats: dict[str, int | float] = dict.fromkeys(
             ("num_calls", "prefill_tokens_computed", "prefill_tokens_reused", "generated_tokens", "forward_passes",
-             "cache_entries", "cache_tokens", "cache_evictions", "cache_invalidations"), 0)
+             "cache_entries", "cache_tokens", "cache_evictions", "cache_invalidations", "prefill_forward_passes",
+             "prefill_rows", "prefill_attention_pairs", "decode_tokens_fed", "decode_attention_pairs"), 0)
+        self.stats.update(prefill_seconds=0.0, decode_seconds=0.0)
         self._weights_version = self._read_weights_version()
 
     @classmethod
@@ -369,6 +377,7 @@ class TransformersEngine:
                 unique[u] = p
         else:
             row_to_prefix, unique = list(range(len(prefixes))), prefixes
+        started = time.perf_counter()
         cache, mask, logits = self._prefill(unique, capacity_extra=params.max_tokens - 1)
         self.stats["prefill_tokens_reused"] += sum(len(p) for p in prefixes) - sum(len(p) for p in unique)
 
@@ -378,7 +387,13 @@ class TransformersEngine:
                 layer.batch_select_indices(index)
             mask, logits = mask.index_select(0, index), logits.index_select(0, index)  # (B, L), (B, V)
         positions = torch.tensor([len(p) for p in prefixes], device=self.device)  # (B,) next token's position id
+        if self.device.type == "cuda":  # the forwards run asynchronously: wait, so the split of time is true
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.stats["prefill_seconds"] += now - started
+        started = now
         live = list(range(len(prefixes)))  # row of the batch -> output index
+        live_prefix_tokens = sum(len(p) for p in prefixes)  # summed prefix length of the live rows
         out_tokens: list[list[int]] = [[] for _ in prefixes]
         out_logprobs: list[list[float]] = [[] for _ in prefixes]
         finish: list[str] = [""] * len(prefixes)
@@ -406,10 +421,15 @@ class TransformersEngine:
                     layer.batch_select_indices(sel)
                 mask, tokens, positions = mask.index_select(0, sel), tokens.index_select(0, sel), positions[sel]
                 live = [live[b] for b in keep]
+                live_prefix_tokens = sum(len(prefixes[r]) for r in live)
             mask[:, length] = True
             length += 1
+            # the token sampled at `step` sits at position len(prefix) + step and attends to that many + 1 keys
+            self.stats["decode_tokens_fed"] += len(live)
+            self.stats["decode_attention_pairs"] += live_prefix_tokens + len(live) * (step + 1)
             logits = self._forward(tokens[:, None], mask[:, :length], positions[:, None], cache)  # (B, V)
             positions = positions + 1
+        self.stats["decode_seconds"] += time.perf_counter() - started
         return [Completion(out_tokens[r], out_logprobs[r], finish[r]) for r in range(len(prefixes))]
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
@@ -427,6 +447,11 @@ class TransformersEngine:
         num, c, s = len(prefixes), max(reused), max(suffix)
         self.stats["prefill_tokens_reused"] += sum(reused)
         self.stats["prefill_tokens_computed"] += sum(suffix)
+        self.stats["prefill_forward_passes"] += 1
+        self.stats["prefill_rows"] += num
+        # tokens at positions r .. len(p)-1 attend to r+1 .. len(p) keys
+        self.stats["prefill_attention_pairs"] += sum(len(p) * (len(p) + 1) // 2 - r * (r + 1) // 2
+                                                     for p, r in zip(prefixes, reused))
 
         input_ids = torch.zeros(num, s, dtype=torch.long)  # (U, S) suffixes, left-padded
         position_ids = torch.zeros(num, s, dtype=torch.long)  # (U, S)
