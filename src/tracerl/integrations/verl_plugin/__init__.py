@@ -58,9 +58,9 @@ def install() -> None:
         cpu.patch_process_group()
         cpu.patch_engine_lookup()
     _register_rollout()
-    from tracerl.integrations.verl_plugin import trainer
+    from tracerl.integrations.verl_plugin.trainer import register as register_trainer
 
-    trainer.register()
+    register_trainer()
 
 
 def environment(*, on_cpu: bool = True) -> dict[str, str]:
