@@ -416,7 +416,7 @@ def test_a_machine_without_a_seccomp_table_is_refused(monkeypatch):
 
 def test_a_sandbox_still_starts_fast():
     """Fast: within 10 times what starting a bare interpreter takes on this machine now (and at least 5 s); a call
-    through the warm launcher costs about half of that (benchmarks/sandbox_calls.py measures it)."""
+    through the warm launcher costs about as much as that start (benchmarks/sandbox_calls.py measures it)."""
     started = time.monotonic()
     subprocess.run([sys.executable, "-S", "-c", "pass"], check=True)
     bare = time.monotonic() - started

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from as_nobody import PYTHON, nobody_copy, run_as_nobody
+from carryover import LOOK
 from hostile import HARDENING
 
 
@@ -42,3 +43,20 @@ def test_hostile_programs_are_contained_as_a_non_root_user():
         assert after == before and os.stat("/tmp").st_mode == tmp_mode, "the host's temporary directory changed"
         assert not [p for p in host_tmp.iterdir() if p.name.startswith("tracerl-sandboxes-")], \
             "the private parent outlived the process"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root; as non-root the other "
+                                               "sandbox tests already run as a non-root user")
+@pytest.mark.skipif(not (PYTHON and shutil.which("setpriv")), reason="needs /usr/bin/python3 and setpriv")
+def test_a_call_finds_nothing_an_earlier_call_left_as_a_non_root_user():
+    with nobody_copy(["carryover.py", "carryover_probe.py"], "tracerl-carryover") as (code, host_tmp):
+        done = run_as_nobody(code, host_tmp, "carryover_probe.py", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(report) == sorted(LOOK)
+    for name, seen in sorted(report.items()):
+        assert seen["leave_ok"], f"{name}: the program that leaves things behind failed: {seen['leave']}"
+        assert seen["before"]["error"] is None, f"{name}: {seen['before']['error']}"
+        assert "uid_drop" not in seen["before"]["layers"] and "seccomp" in seen["before"]["layers"], seen["before"]
+        assert seen["after"] == seen["before"], f"{name}: a call found what an earlier call left behind:\n" \
+                                                f"{seen['after']}\ninstead of\n{seen['before']}"

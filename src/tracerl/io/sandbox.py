@@ -10,7 +10,15 @@ write ends of two pipes that this process drains while it waits and caps at `max
 no descriptor the code holds is a file of the host, so none can be fallocated, truncated or written far past the
 limits. The launcher (`sandbox_child.py`) applies these layers before the model's code runs; each one that took
 effect is listed in `SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it
-switched off.
+switched off. When the code is done, its process ends as a Python script ends, minus the interpreter's teardown
+(`sandbox_exit`: threads joined, atexit run, its globals finalized, streams flushed).
+
+Nothing of one call reaches another: the launcher is forked from a server that never runs model code, so each
+call starts from the same memory; the workdir, its tmpfs, the namespaces, the uid and the cgroups are made for the
+call and end with it. What is made ahead (the cgroups, `sandbox_pool`; the seccomp filter, built once by the
+server) is made fresh for one call and never handed to a second; what can wait until a call has returned (removing
+its cgroups, reaping its launcher) is done after it returns. `tests/sandbox/test_sandbox_fresh_calls.py` has a
+call leave everything it can behind and the next one look for it.
 
 - `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
   the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in `sandbox_syscalls`);
@@ -38,7 +46,8 @@ switched off.
   memory and pids): the call's own cgroups, nested under the caller's, with memory.max = memory_mb +
   max_disk_mb (tmpfs pages are charged to their writer, so the workdir's files count) and pids.max =
   max_processes (threads and the launcher included). The code cannot leave them or raise their limits: the
-  cgroup files are root's (uid drop), read-only (readonly_fs) and outside Landlock's write roots.
+  cgroup files are root's (uid drop), read-only (readonly_fs) and outside Landlock's write roots. They are made
+  while an earlier call runs, for exactly the call's limits, and removed after the call (`sandbox_pool`).
 - `uid_drop` (only when the caller is root): the code runs as a uid of its own, UID_BASE + the launcher's
   pid, with no groups: file permissions and signal rules protect the host, and RLIMIT_NPROC (counted per
   uid) is the call's alone. Interpreters under /root (pyenv) are unreadable by it, so the sandbox then
@@ -67,7 +76,9 @@ switched off.
 
 `run_python` returns only when every process of the call is gone: after the kill it polls /proc until no
 member of the process group runs a thread, and the PID namespace's init is such a member until the kernel
-has reaped every other process of its namespace.
+has reaped every other process of its namespace. A launcher that ended by itself after reaping that init (it
+says so on the status fd, which the code never holds) leaves nothing to kill or poll: the kernel ended every
+other process of the namespace before the init could be reaped.
 
 Guarantees, when all layers are on (root, or a user namespace, on a recent kernel): the code cannot
 modify files outside its workdir, lock any file, reach the network or any unix socket, share IPC objects with
@@ -97,22 +108,23 @@ import functools
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Collection
 
-from tracerl.io.sandbox_cgroups import cgroup_oom, make_cgroups, remove_cgroups
-from tracerl.io.sandbox_child import read_message, write_message
+from tracerl.io import sandbox_pool
+from tracerl.io.sandbox_cgroups import cgroup_oom
+from tracerl.io.sandbox_cleanup import kill_group as _kill_group, remove_tree as _remove_tree, \
+    remove_workdir as _remove_workdir, tree_bytes as _tree_bytes
 from tracerl.io.sandbox_output import Capture, capped_text, wait_and_drain
+from tracerl.io.sandbox_serve import read_message, write_message
 from tracerl.io.sandbox_syscalls import seccomp_table
-from tracerl.io.sandbox_view import other_accessible, read_roots, read_view, scan
+from tracerl.io.sandbox_view import other_accessible, read_roots, read_view
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -192,14 +204,16 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
     """
     assert isinstance(code, str), f"code must be str, got {type(code).__name__}"
     assert set(_disable) <= set(LAYERS), f"unknown layers in _disable: {set(_disable) - set(LAYERS)}"
+    clock = [["call", time.monotonic()]]
     drop_uid = os.geteuid() == 0 and "uid_drop" not in _disable
     python = _interpreter(drop=drop_uid)
-    view = read_view(read_roots(_prefixes(python, drop_uid)), walk=not drop_uid)  # a uid of its own reads as "other"
+    view = _read_view(python, drop_uid)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=_private_parent()))
     files: list[IO[bytes]] = []
     captures: list[Capture] = []
     paths: list[str] = []
-    cgroups = [] if "cgroup" in _disable else make_cgroups(limits.memory_mb, limits.max_disk_mb, limits.max_processes)
+    cgroup_key = None if "cgroup" in _disable else (limits.memory_mb, limits.max_disk_mb, limits.max_processes)
+    cgroups = [] if cgroup_key is None else sandbox_pool.POOL.take(cgroup_key)
     report, disk_error = {}, None
     try:
         for _ in range(2):  # source, status: named until the launcher has opened them
@@ -225,6 +239,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
                   "allow_shared_process_count": bool({"cgroup", "uid_drop"} & set(_disable))}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "PYTHONHASHSEED": "0"}
+        clock.append(["prepared", time.monotonic()])
         start = time.monotonic()
         server = None if _fresh or not _pidfds() else _LaunchServer.get(python)
         if server is not None:
@@ -244,6 +259,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
                 os.close(out)
                 os.close(err)
             pid = proc.pid
+        clock.append(["launched", time.monotonic()])
+        gone = False
         try:  # from here on, whatever happens (^C included), nothing the code started outlives this call
             for path in paths:  # the launcher has opened them (uid drop or Landlock kept the code off them)
                 os.unlink(path)
@@ -251,20 +268,36 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             if _launched is not None:
                 _launched(pid, workdir)
             _running[pid] = captures[0]
-            timed_out = not wait_and_drain(pid, limits.wall_seconds, captures)
+            deadline = time.monotonic() + limits.wall_seconds
+            sandbox_pool.POOL.tend(cgroup_key)  # while the launcher works: next calls' cgroups, finished ones' removal
+            timed_out = not wait_and_drain(pid, deadline - time.monotonic(), captures)
+            clock.append(["exited", time.monotonic()])
+            report = _status_records(status)
+            # the launcher ended by itself after it had reaped its PID namespace's init, so the kernel had ended every
+            # other process of the namespace first: none of the call is left to kill or to look for
+            gone = not timed_out and "reaped" in report
         finally:
             _running.pop(pid, None)
-            _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
-            returncode = server.reap(pid) if server is not None else proc.wait()
+            if not gone:
+                _kill_group(pid)  # the leader is not reaped yet, so its pgid cannot have been reused
+            if server is None:
+                returncode = proc.wait()
+            elif gone:
+                returncode = report["reaped"]
+                server.forget(pid)
+            else:
+                returncode = server.reap(pid)
         seconds = time.monotonic() - start
+        clock.append(["gone", time.monotonic()])
         for capture in captures:  # what is left in the pipes; no writer waits, every process of the call is gone
             capture.drain()
         out_of_memory = cgroup_oom(cgroups)
-        status.seek(0)
-        report = json.loads(status.read() or b"{}")
+        if not gone:
+            report = _status_records(status)
         stdout, stderr = (capped_text(c.data, limits.max_output_chars) for c in captures)
         if "disk_quota" not in report.get("layers", ()) and _tree_bytes(workdir) > limits.max_disk_mb << 20:
             disk_error = f"disk quota of {limits.max_disk_mb} MB exceeded"
+        clock.append(["collected", time.monotonic()])
     finally:
         for f in files:
             f.close()
@@ -272,19 +305,38 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
             capture.close()
         for path in paths:
             os.unlink(path)
-        _remove_tree(workdir)
-        remove_cgroups(cgroups)
+        _remove_workdir(workdir)
+        sandbox_pool.POOL.release(cgroups)  # removed by a later call's `tend`, or at exit
     if "setup_error" in report:
         raise SandboxError(f"sandbox launcher failed: {report['setup_error']}")
     if "layers" not in report and not timed_out:
         raise SandboxError(f"sandbox launcher died before running the code (exit {returncode}): {stderr[-2000:]}")
     layers = tuple(report.get("layers", ()))
     killed_by = signal.Signals(-returncode).name if returncode < 0 else None
+    if _clocked is not None:
+        _clocked(clock + report.get("clock", []) + [["returned", time.monotonic()]])
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=None if returncode < 0 else returncode, timed_out=timed_out,
         killed_by=killed_by, seconds=seconds, network_isolated="netns" in layers, layers=layers,
         error=disk_error or _limit_error(limits, timed_out, killed_by, returncode, stderr, out_of_memory,
                                          output_cut=any(c.cut for c in captures)))
+
+
+def _status_records(status: IO[bytes]) -> dict:
+    """The launcher's records on the status file, merged: "layers" (or "setup_error") from the code's process before
+    the code ran, "reaped" (the code's return code) from the launcher outside its PID namespace once the namespace is
+    gone, and both one "clock". A record cut short can only be one the timeout's kill interrupted, and the timeout
+    is then the outcome."""
+    status.seek(0)
+    merged, clock = {}, []
+    for line in status.read().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        clock += record.pop("clock", [])
+        merged.update(record)
+    return dict(merged, clock=clock)
 
 
 def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, returncode: int,
@@ -362,38 +414,6 @@ def _check_uid_range() -> None:
                            "the sandbox gives its calls; map them (e.g. a full uid_map), or run as a non-root user")
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL every process in the group, then wait until none but the unreaped leader is alive: no fixed settle
-    time, since a killed process on a loaded host can take any time to go. The code's PID namespace init is in
-    the group (seccomp forbids leaving it), and it finishes dying only after the kernel has reaped every other
-    process of its namespace; a member counts as gone when it is a zombie with no thread left."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # no group yet: a launcher forked by the server before its setsid, alone so far
-        try:
-            os.kill(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
-    while _live_members(pgid) - {pgid}:
-        time.sleep(0.005)
-
-
-def _live_members(pgid: int) -> set[int]:
-    """Pids of the processes in process group `pgid` that still run a thread, read from /proc."""
-    members = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    state, _ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]  # after "pid (comm)"
-                if int(pgrp) == pgid and (state not in (b"Z", b"X") or len(os.listdir(f"/proc/{entry}/task")) > 1):
-                    members.add(int(entry))
-            except (OSError, ValueError):
-                continue
-    return members
-
-
 @functools.cache
 def _private_parent() -> str:
     """A directory only this process's user can list (0711: the sandbox user may only pass through it to its
@@ -404,51 +424,16 @@ def _private_parent() -> str:
     return parent
 
 
-def _tree_bytes(path: str) -> int:
-    """Bytes in regular files beneath `path` (size or allocated blocks, the larger: fallocate reserves blocks and
-    leaves the size; no symlinks followed)."""
-    return sum(max(st.st_size, st.st_blocks * 512) for _, st in scan([path]) if stat.S_ISREG(st.st_mode))
-
-
-def _remove_tree(path: str) -> None:
-    """Delete the workdir, however deep (no recursion: each directory's subdirectories are first moved up to
-    the top, so no path grows long) and whatever permissions the code left; modes are only ever changed beneath
-    `path`, never on `path`'s parent. Warns instead of raising."""
-    root = os.path.realpath(path)
-    try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    todo, problems, done = [root], [], 0
-    try:
-        while done < len(todo):  # every directory ends up directly under root, emptied of files
-            current = todo[done]
-            done += 1
-            os.chmod(current, 0o700)  # the workdir or a directory in it: the code may have locked it
-            for entry in list(os.scandir(current)):
-                if not entry.is_dir(follow_symlinks=False):
-                    os.unlink(entry.path)
-                elif current == root:
-                    todo.append(entry.path)
-                else:
-                    flat = os.path.join(root, f".tracerl-flat-{len(todo)}")
-                    while os.path.lexists(flat):
-                        flat += "x"
-                    os.chmod(entry.path, 0o700)  # moving a directory rewrites its "..": without root, needs w
-                    os.rename(entry.path, flat)
-                    todo.append(flat)
-        for directory in reversed(todo):  # all empty now, root last
-            os.rmdir(directory)
-    except OSError as exc:
-        problems.append(exc)
-    if problems or os.path.lexists(root):
-        warnings.warn(f"could not remove sandbox workdir {root}: {problems}", RuntimeWarning, stacklevel=3)
+@functools.cache
+def _read_view(python: str, drop_uid: bool) -> dict[str, list[str]]:
+    """What a call may read (`sandbox_view`), once per interpreter and mode: a uid of its own reads as "other"."""
+    return read_view(read_roots(_prefixes(python, drop_uid)), walk=not drop_uid)
 
 
 # the tests' view of every launcher started: (its pid, the call's workdir)
 _launched: Callable[[int, str], None] | None = None
+# the benchmark's view of each call's stages: [stage, time.monotonic()] from this process and from the launcher
+_clocked: Callable[[list[list]], None] | None = None
 # the tests' view of what running calls have printed so far: their stdout's capture, by launcher pid
 _running: dict[int, Capture] = {}
 
@@ -465,13 +450,14 @@ def _pidfds() -> bool:
 
 
 class _LaunchServer:
-    """A warm launcher (`sandbox_child.serve`) per calling process and interpreter: it forks the launcher of each
+    """A warm launcher (`sandbox_serve.serve`) per calling process and interpreter: it forks the launcher of each
     call, which then applies every layer itself exactly as a freshly started one does, so a call pays a fork instead
     of an interpreter's start, imports and the launcher's compilation. The server runs no model code, holds nothing
-    but the stdlib and the launcher, and is started with the environment all calls share; it ends with this
-    process. Calls from several threads take turns on its pipe (a launch and a reap each take a fork or a wait).
-    A forked launcher inherits the server's memory: the stdlib, the launcher, and the requests of earlier calls
-    (workdir and cgroup paths, limits), never their code or output, which only the calls' own files hold."""
+    but the stdlib, the launcher and the seccomp filters it built, and is started with the environment all calls
+    share; it ends with this process. Calls from several threads take turns on its pipe (a launch and a reap each
+    take a fork or a wait; a `forget` takes no reply). A forked launcher inherits the server's memory: the stdlib,
+    the launcher, and the requests of earlier calls (workdir and cgroup paths, limits), never their code or output,
+    which only the calls' own files hold."""
 
     _servers: dict[tuple[int, str], "_LaunchServer"] = {}
     _registry_lock = threading.Lock()
@@ -513,6 +499,15 @@ class _LaunchServer:
             raise SandboxError(f"sandbox launcher server: {reply['error']}")
         return int(reply["pid"])
 
+    def forget(self, pid: int) -> None:
+        """Have the server reap a launcher that has ended and whose call is over, without waiting for it: nothing of
+        the call will be signalled again. A server that is gone has nothing to reap (`get` replaces it)."""
+        with self.lock:
+            try:
+                write_message(self.proc.stdin.fileno(), {"op": "forget", "pid": pid})
+            except OSError:
+                pass
+
     def reap(self, pid: int) -> int:
         """Wait for a launcher that has ended (and whose group was killed); its return code as Popen gives it
         (-signal when a signal ended it). A server that is gone cannot say: reported as killed."""
@@ -539,6 +534,19 @@ def _forget_servers() -> None:
 
 os.register_at_fork(after_in_child=_forget_servers)
 
-# The child's side (layers, then the code) lives in its own file and runs as `python -c <its text>`.
-_LAUNCHER = (Path(__file__).resolve().parent / "sandbox_child.py").read_text(encoding="utf-8")
+
+def _launcher_text() -> str:
+    """The launcher's script (`python -c <it>`): sandbox_child.py, after the text of its sibling modules is run and
+    registered under their names, since the launcher's Python may not see tracerl."""
+    here = Path(__file__).resolve().parent
+    lines = ["import sys, types"]
+    for name in ("sandbox_serve", "sandbox_exit"):
+        text = (here / f"{name}.py").read_text(encoding="utf-8")
+        lines += [f"_module = sys.modules['tracerl.io.{name}'] = types.ModuleType('tracerl.io.{name}')",
+                  f"exec(compile({text!r}, '<string>', 'exec'), _module.__dict__)"]
+    return "\n".join(lines + ["del _module", (here / "sandbox_child.py").read_text(encoding="utf-8")])
+
+
+# The child's side (layers, then the code) lives in its own files and runs as `python -c <their text>`.
+_LAUNCHER = _launcher_text()
 _SECCOMP = seccomp_table(os.uname().machine)  # the launcher runs on this machine

@@ -1,17 +1,24 @@
-"""The child side of `tracerl.io.sandbox`: run as a script (`python -s -S -c <this file's text> <config>`), it
-applies the isolation layers to itself, then runs the model's code read from stdin.
+"""The child side of `tracerl.io.sandbox`: run as a script (`python -s -S -c <this file's text> <config>`, or forked
+from the warm server, `sandbox_serve`), it applies the isolation layers to itself, then runs the model's code read
+from stdin and ends as a Python script ends, without the interpreter's teardown (`sandbox_exit`).
 
-It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib (it may run
-under a system python that cannot see tracerl). Setup errors go through the status fd and fail the run closed.
-Importing it as a module (for the tests of `seccomp_program`) runs nothing. The layers a test switches off come in
-the config and are applied before the code runs; the code cannot switch one off afterwards, except the audit hook,
-which lives in its own memory and is therefore only a tripwire.
+It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib and its two
+sibling modules (it may run under a system python that cannot see tracerl: `sandbox.py` registers their text under
+their names first). Setup errors go through the status fd and fail the run closed. The status fd also carries the
+time each layer was in place (`clock`), and, from the launcher outside the PID namespace, the code's exit status
+once its namespace is gone (`reaped`). Importing it as a module (for the tests of `seccomp_program`) runs nothing.
+The layers a test switches off come in the config and are applied before the code runs; the code cannot switch
+one off afterwards, except the audit hook, which lives in its own memory and is therefore only a tripwire.
 """
 
-import builtins, ctypes, json, linecache, os, re, resource, signal, sys, traceback, types
+import builtins, ctypes, json, linecache, os, re, resource, signal, sys, time, traceback, types
 import _posixsubprocess, _signal
+from tracerl.io.sandbox_exit import end_process, exit_status
+from tracerl.io.sandbox_serve import serve
 
 LAUNCHER_MODULES = frozenset(sys.modules)  # what a launcher has loaded before it runs anything
+LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once, by the server, for every launcher it forks
+LIBC.syscall.restype = ctypes.c_long
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x40000000, 0x00020000, 0x20000000
 CLONE_NEWIPC = 0x08000000
@@ -189,6 +196,19 @@ def readable_rules(view):
     return rules
 
 
+class PathBeneath(ctypes.Structure):  # struct landlock_path_beneath_attr
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class Filter(ctypes.Structure):  # struct sock_filter
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class Program(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+
+
 def landlock(libc, workdir_fd, rules):
     abi = libc.syscall(LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
@@ -199,10 +219,6 @@ def landlock(libc, workdir_fd, rules):
     ruleset = libc.syscall(LANDLOCK_CREATE, ctypes.byref(handled), 24 if abi >= 6 else 16 if abi >= 4 else 8, 0)
     if ruleset < 0:
         return False
-
-    class PathBeneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
     def allow(path, access):
         try:  # the workdir comes as an fd opened before the uid drop: its ancestors may not be searchable then
@@ -268,21 +284,36 @@ def seccomp_program(table, own_pid):
     return prog + [DENY]
 
 
+def seccomp_filter(table, own_pid):
+    """`seccomp_program` as the kernel reads it: (struct sock_fprog, the array it points to, kept alive with it)."""
+    prog = seccomp_program(table, own_pid)
+    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
+    return Program(len(prog), filters), filters
+
+
+# what the warm server built for the call whose launcher it forks next (`prepare`): (the call's table, its filter)
+READY = {}
+FILTERS = {}  # in the server: the filters built so far, by table, for pid 1
+
+
+def prepare(cfg):
+    """In the warm server, before it forks the launcher of the call `cfg`: that call's seccomp filter for the pid its
+    code will have (1: the init of its PID namespace), built once per table, so that the fork inherits it ready."""
+    table = cfg["seccomp"]
+    if table and "pidns" not in cfg["disable"]:
+        key = (table["arch"], tuple(table["allowed"]), tuple(sorted(table["by_argument"].items())))
+        if key not in FILTERS:
+            FILTERS[key] = seccomp_filter(table, 1)
+        READY["seccomp"] = (table, FILTERS[key])
+
+
 def install_seccomp(libc, table):
     if not table:
         raise RuntimeError("no seccomp table for this machine (%s); the sandbox's filter covers x86_64 and arm64"
                            % os.uname().machine)
-    prog = seccomp_program(table, os.getpid())
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
-    program = Program(len(prog), filters)
-    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) == 0
+    ready, own_pid = READY.get("seccomp"), os.getpid()
+    built = ready[1] if ready is not None and ready[0] is table and own_pid == 1 else seccomp_filter(table, own_pid)
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[0]), 0, 0) == 0
 
 
 def write_file(path, text):
@@ -309,10 +340,12 @@ def namespaces(libc, cfg, off, layers):
         layers.append("netns")
     if "ipcns" not in off and libc.unshare(CLONE_NEWIPC) == 0:  # SysV objects and mqueues die with the call
         layers.append("ipcns")
+    stamp("namespaces")
     if {"readonly_fs", "disk_quota"} - off and libc.unshare(CLONE_NEWNS) == 0:
         if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "could not make the mount namespace private")
         mounts(libc, cfg, off, layers)
+    stamp("mounts")
     if "pidns" not in off and libc.unshare(CLONE_NEWPID) == 0:
         layers.append("pidns")
 
@@ -371,18 +404,24 @@ def join_cgroups(cfg, layers):
         layers.append("cgroup")
 
 
-def reap_and_mirror(child, cpu_seconds):
+def reap_and_mirror(child, cfg):
     """In the launcher after the PID namespace's fork: wait for the code (the namespace's init; when it ends the
-    kernel kills every process left inside) and end the same way. As init it ignores SIGXCPU, so a SIGKILL after
-    its CPU limit is reported as SIGXCPU."""
+    kernel kills every process left inside, and only then can it be reaped), say so on the status fd, which the
+    code does not hold, with the code's return code (`reaped`: the caller then knows that no process of the call is
+    left but this one), and end the same way. As init it ignores SIGXCPU, so a SIGKILL after its CPU limit is
+    reported as SIGXCPU."""
     _, status, usage = os.wait4(child, 0)
-    if os.WIFEXITED(status):
-        os._exit(os.WEXITSTATUS(status))
-    sig = os.WTERMSIG(status)
-    if sig == signal.SIGKILL and usage.ru_utime + usage.ru_stime >= cpu_seconds - 0.05:
+    reaped = time.monotonic()
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    if sig == signal.SIGKILL and usage.ru_utime + usage.ru_stime >= cfg["cpu_seconds"] - 0.05:
         sig = signal.SIGXCPU
+    record = {"reaped": -sig if sig else os.WEXITSTATUS(status), "clock": [["reaped", reaped]]}
+    os.write(cfg["status_fd"], (json.dumps(record) + "\n").encode())
+    if not sig:
+        os._exit(os.WEXITSTATUS(status))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.signal(sig, signal.SIG_DFL)
+    if sig != signal.SIGKILL:  # which has no handler to reset (signal() refuses it): the OOM killer's signal
+        signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)
 
@@ -413,11 +452,18 @@ def set_limit(which, value, hard=None):
     resource.setrlimit(which, (value, hard))
 
 
+# when each layer was in place: [name, time.monotonic()] (one clock for every process of the host), for the status
+CLOCK = []
+
+
+def stamp(name):
+    CLOCK.append([name, time.monotonic()])
+
+
 def setup(cfg):
-    layers, off, workdir = ["rlimits"], set(cfg["disable"]), cfg["workdir"]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
+    layers, off, workdir, libc = ["rlimits"], set(cfg["disable"]), cfg["workdir"], LIBC
     join_cgroups(cfg, layers)
+    stamp("cgroup")
     if cfg["drop_uid"]:  # a uid of its own: no other call shares its process count, files or signals
         cfg["uid"] = cfg["uid_base"] + os.getpid()
         os.chown(workdir, cfg["uid"], cfg["uid"])
@@ -425,10 +471,11 @@ def setup(cfg):
     if "pidns" in layers:
         child = os.fork()  # the child is the namespace's init (pid 1); this process only waits for it
         if child:
-            reap_and_mirror(child, cfg["cpu_seconds"])
+            reap_and_mirror(child, cfg)
         if {"readonly_fs", "disk_quota"} & set(layers) and libc.mount(
                 b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
             layers.append("procfs")  # /proc shows the namespace's processes only, not the host's command lines
+    stamp("pidns")
     set_limit(resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)
     set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
     set_limit(resource.RLIMIT_NPROC, cfg["max_processes"])
@@ -436,6 +483,7 @@ def setup(cfg):
     set_limit(resource.RLIMIT_NOFILE, cfg["max_open_files"])
     set_limit(resource.RLIMIT_CORE, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE raises instead of killing
+    stamp("rlimits")
     workdir_fd = os.open(workdir, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
     if cfg["uid"] is not None:
         os.setgroups([])
@@ -454,15 +502,18 @@ def setup(cfg):
         if os.getppid() != 0:  # 0: the launcher, outside the namespace, is still there
             os._exit(112)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    stamp("uid")
     rules = readable_rules(cfg["read_view"]) + [(path, FS_READ) for path in EXTRA_READS]
     if "landlock" not in off and landlock(libc, workdir_fd, rules):
         layers.append("landlock")
     os.close(workdir_fd)
+    stamp("landlock")
     if "seccomp" not in off:
         if not install_seccomp(libc, cfg["seccomp"]):
             raise RuntimeError("seccomp filters are unavailable (errno %d); the sandbox needs a kernel with "
                                "CONFIG_SECCOMP_FILTER on x86_64 or arm64" % ctypes.get_errno())
         layers.append("seccomp")
+    stamp("seccomp")
     if not cfg["allow_unconfined_files"] and "uid_drop" not in layers and "landlock" not in layers:
         raise RuntimeError("neither a uid drop (run as root) nor Landlock (Linux >= 5.13 with lsm=landlock) is "
                            "available, so the code could read every file this user can; enable one of them")
@@ -486,91 +537,8 @@ def _denied_fork_exec(*args, **kwargs):
     raise PermissionError("sandbox: starting processes is not allowed")
 
 
-def read_message(fd):
-    """One length-prefixed JSON message from `fd` (os.read only: no Python buffer is left for a fork to inherit);
-    None at end of file."""
-    head = b""
-    while len(head) < 4:
-        chunk = os.read(fd, 4 - len(head))
-        if not chunk:
-            return None
-        head += chunk
-    size, body = int.from_bytes(head, "big"), b""
-    while len(body) < size:
-        chunk = os.read(fd, size - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    return json.loads(body)
-
-
-def write_message(fd, message):
-    data = json.dumps(message).encode()
-    data = len(data).to_bytes(4, "big") + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def serve(caller):
-    """The warm launcher (`--serve`): started once per calling process with the environment every call shares, it
-    answers requests on stdin with replies on stdout. "launch" forks a launcher for one call and replies with its
-    pid; the fork returns from here with the call's config and goes on exactly as a freshly started launcher would
-    (its stdin, stdout, stderr and status fd are the call's files, its working directory and HOME/TMPDIR the call's
-    workdir, a session of its own, and no module the server imported after the launcher's own). "reap" waits for
-    a launcher the caller has seen end and replies with its wait status, so a pid is never reused before the
-    caller's last signal to its group. The server never runs model code; it ends when its caller closes the pipe
-    or is gone (it checks every second)."""
-    import select  # the forked launchers drop it again (LAUNCHER_MODULES)
-    while True:
-        if not select.select([0], [], [], 1.0)[0]:
-            if os.getppid() != caller:
-                os._exit(0)
-            continue
-        request = read_message(0)
-        if request is None:
-            os._exit(0)
-        if request["op"] == "reap":
-            write_message(1, {"status": os.waitpid(request["pid"], 0)[1]})
-            continue
-        files = []
-        try:
-            for path, flags in zip(request["files"], (os.O_RDONLY, os.O_WRONLY, os.O_WRONLY, os.O_WRONLY)):
-                files.append(os.open(path, flags))
-        except OSError as exc:
-            for fd in files:
-                os.close(fd)
-            write_message(1, {"error": "could not open the call's files: %s" % exc})
-            continue
-        pid = os.fork()
-        if pid == 0:
-            return become_launcher(request, files)
-        for fd in files:
-            os.close(fd)
-        write_message(1, {"pid": pid})
-
-
-def become_launcher(request, files):
-    """In the fork: the state of a launcher started for this call alone, then its config."""
-    os.setsid()
-    for target, fd in zip((0, 1, 2), files[:3]):
-        os.dup2(fd, target)
-    status = files[3]
-    for name in os.listdir("/proc/self/fd"):  # everything else the server held: its pipes, the files' first fds
-        if int(name) > 2 and int(name) != status:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass  # the listing's own fd, closed already
-    os.chdir(request["cfg"]["workdir"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    for name in set(sys.modules) - LAUNCHER_MODULES:
-        del sys.modules[name]
-    cfg = dict(request["cfg"], status_fd=status)
-    return cfg
-
-
 def main(cfg):
+    CLOCK[:0] = cfg.pop("clock", None) or [["launcher", time.monotonic()]]
     code = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -579,7 +547,9 @@ def main(cfg):
         status = {"layers": setup(cfg)}
     except BaseException as exc:
         status = {"setup_error": "%s: %s" % (type(exc).__name__, exc)}
-    os.write(cfg["status_fd"], json.dumps(status).encode())
+    stamp("program")
+    status["clock"] = CLOCK
+    os.write(cfg["status_fd"], (json.dumps(status) + "\n").encode())
     os.close(cfg["status_fd"])
     if "setup_error" in status:
         os._exit(111)
@@ -587,14 +557,18 @@ def main(cfg):
     module.__builtins__ = builtins
     sys.modules["__main__"], sys.argv = module, ["<model>"]
     linecache.cache["<model>"] = (len(code), None, code.splitlines(True), "<model>")
+    finish, status_of, print_exception = end_process, exit_status, traceback.print_exception  # the code may patch them
     try:
         exec(compile(code, "<model>", "exec"), module.__dict__)
-    except SystemExit:
-        raise
+        status = 0
+    except SystemExit as exc:
+        status = status_of(exc)
     except BaseException as exc:  # print the traceback without the launcher's frame
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        sys.exit(1)
+        print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        status = 1
+    finish(status, module.__dict__)
 
 
 if __name__ == "__main__":
-    main(serve(int(sys.argv[-1])) if sys.argv[-2:-1] == ["--serve"] else json.loads(sys.argv[-1]))
+    main(serve(int(sys.argv[-1]), LAUNCHER_MODULES, prepare) if sys.argv[-2:-1] == ["--serve"]
+         else json.loads(sys.argv[-1]))
