@@ -107,8 +107,11 @@ def test_config_marks_exactly_the_fields_the_multihop_world_reads(capsys):
 
     read = set()
 
-    class Spy:  # an EmbeddedConfig that records which fields the multi-hop world is built from
+    class Spy:  # an EmbeddedConfig that records which fields the multi-hop world is built from, through any method
         def __getattr__(self, name):
+            method = getattr(EmbeddedConfig, name, None)
+            if callable(method):
+                return method.__get__(self)
             read.add(name)
             return getattr(EmbeddedConfig(), name)
 
