@@ -110,7 +110,7 @@ def test_the_server_generates_with_one_logprob_per_token(server, tiny):
 def test_domain_options_build_the_workers_world_and_a_bad_one_names_the_key():
     section = {"domain": "multihop", "domain_options": {"num_entities": 40, "num_distractors": 0, "hops": [2, 2]}}
     assert TraceVerlConfig.from_mapping(section, num_prompts=8, rollout_n=4).domain_options["num_entities"] == 40
-    with pytest.raises(ValueError, match="tracerl.domain_options for domain 'multihop'.*no_such_option"):
+    with pytest.raises(ValueError, match="tracerl: domain_options for domain 'multihop'.*no_such_option"):
         TraceVerlConfig.from_mapping({"domain_options": {"no_such_option": 1}}, num_prompts=8, rollout_n=4)
 
 

@@ -110,7 +110,7 @@ class TraceVerlConfig:
             try:
                 make_domain(self.domain, **self.domain_options)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"tracerl.domain_options for domain {self.domain!r}: {err}") from None
+                raise ValueError(f"domain_options for domain {self.domain!r}: {err}") from None
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None, *, num_prompts: int,
