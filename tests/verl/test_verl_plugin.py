@@ -61,7 +61,7 @@ def test_the_platform_answers_what_verl_asks_of_a_device():
 
 def test_every_verl_process_loads_the_hooks_and_verl_uses_the_cpu_platform():
     """A fresh interpreter with `environment()`: importing verl imports the plugin, which registers the platform,
-    the rollout and the trainer mode, and patches the process-group backend."""
+    the rollout and the trainer mode, patches the process-group backend and points verl's engine lookup at FSDP's."""
     code = ("import verl\n"
             "from verl.plugin.platform.platform_manager import get_platform\n"
             "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
@@ -69,11 +69,11 @@ def test_every_verl_process_loads_the_hooks_and_verl_uses_the_cpu_platform():
             "import verl.utils.distributed as d\n"
             "print(get_platform().device_name, RolloutReplicaRegistry.get('tracerl_hf').__name__,"
             " get_trainer_cls('tracerl_sync').__name__, getattr(d.initialize_global_process_group_ray,"
-            " '_tracerl_cpu', False))\n")
+            " '_tracerl_cpu', False), __import__('os').environ.get('VERL_ENGINE_DEVICE'))\n")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **environment()}, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-4:] == ["cpu", "TransformersReplica", "TraceTrainerSync", "True"]
+    assert out.stdout.split()[-5:] == ["cpu", "TransformersReplica", "TraceTrainerSync", "True", "cuda"]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ circular). It registers:
   (`alloc/*`, `predictor/*`, `rollout/*`) in the metrics verl's trackers receive;
 - `actor_rollout_ref.rollout.name=tracerl_hf` (`rollout.py`): a transformers rollout server, for CPU runs and small
   models;
-- the platform `tracerl_cpu` (`cpu.py`), selected with `VERL_PLATFORM=tracerl_cpu`, and only then the two patches
-  for the lines of verl that are wrong on a CPU.
+- the platform `tracerl_cpu` (`cpu.py`), selected with `VERL_PLATFORM=tracerl_cpu`, and only then one patch of a
+  verl line that is wrong on a CPU and verl's own engine-device setting.
 verl 0.9.1 only: another version raises `VerlMoved` at import, naming the version to install.
 
 `environment()` and `cpu_overrides()` give what a CPU run needs; `docs/verl.md` ("verl's own trainer") has the
@@ -56,7 +56,7 @@ def install() -> None:
     cpu.register_platform()
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
         cpu.patch_process_group()
-        cpu.patch_engine_lookup()
+        cpu.select_fsdp_engine()
     _register_rollout()
     from tracerl.integrations.verl_plugin.trainer import register as register_trainer
 

@@ -1,14 +1,14 @@
-"""verl's device interface on the CPU, and the two lines of verl 0.9.1 that are wrong there.
+"""verl's device interface on the CPU, and what of verl 0.9.1 is wrong there.
 
-`PlatformCPU` is registered with verl's `PlatformRegistry` as `tracerl_cpu` and selected with `VERL_PLATFORM`. The
-patches, each checked against the source it works around (`check_source`: a verl that moved raises `VerlMoved` at
-import instead of failing inside a Ray worker):
+`PlatformCPU` is registered with verl's `PlatformRegistry` as `tracerl_cpu` and selected with `VERL_PLATFORM`. Two
+places of verl need more, each checked against the source it works around (`check_source`: a verl that moved
+raises `VerlMoved` at import instead of failing inside a Ray worker):
 1. `verl/utils/distributed.py`, `initialize_global_process_group_ray`, builds the backend
-   `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, on CPU `cpu:gloo,cpu:gloo`, which torch rejects: the
-   default becomes `cpu:gloo`;
+   `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, on CPU `cpu:gloo,cpu:gloo`, which torch rejects: patched,
+   the default becomes `cpu:gloo`;
 2. `verl/workers/engine/base.py`, `EngineRegistry.get_engine_cls`, looks engines up by device, and FSDP registers
-   only `cuda` and `npu`: a CPU lookup is made as `cuda` (what `VERL_ENGINE_DEVICE=cuda` does; FSDP's engine itself
-   runs on any device).
+   only `cuda` and `npu`: verl's own `VERL_ENGINE_DEVICE` is set to `cuda` (FSDP's engine itself runs on any
+   device), no code patched.
 verl's `auto_set_device` needs nothing: with this platform it keeps `trainer.device=cpu`.
 """
 
@@ -164,22 +164,12 @@ def patch_process_group() -> None:
     distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
-def patch_engine_lookup() -> None:
+def select_fsdp_engine() -> None:
+    """FSDP's engine registers under `cuda` and `npu` only; verl looks engines up by device unless
+    `VERL_ENGINE_DEVICE` names one. Set it to `cuda` for this process (the plugin runs in every verl process), unless
+    the user set it: FSDP's engine itself runs on any device."""
     from verl.workers.engine.base import EngineRegistry
 
-    original = EngineRegistry.get_engine_cls.__func__
-    if getattr(original, "_tracerl_cpu", False):
-        return
-    check_source(original, 'os.getenv("VERL_ENGINE_DEVICE")', "verl/workers/engine/base.py get_engine_cls")
-
-    def get_engine_cls(cls: Any, model_type: str, backend: str) -> Any:
-        if os.environ.get("VERL_ENGINE_DEVICE"):
-            return original(cls, model_type, backend)
-        os.environ["VERL_ENGINE_DEVICE"] = "cuda"
-        try:
-            return original(cls, model_type, backend)
-        finally:
-            del os.environ["VERL_ENGINE_DEVICE"]
-
-    get_engine_cls._tracerl_cpu = True  # type: ignore[attr-defined]
-    EngineRegistry.get_engine_cls = classmethod(get_engine_cls)
+    check_source(EngineRegistry.get_engine_cls.__func__, 'os.getenv("VERL_ENGINE_DEVICE")',
+                 "verl/workers/engine/base.py get_engine_cls")
+    os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
