@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tracerl.core.stats import t_half_width
-from tracerl.integrations.verl_plugin import cpu_overrides, environment
+from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides, environment
 from tracerl.policy.embedded import build_embedded
 from tracerl.policy.embedded_config import EmbeddedConfig
 from tracerl.policy.evaluation import evaluate_rows
@@ -85,8 +85,7 @@ def run_verl(out: Path, config: EmbeddedConfig, steps: int) -> Path:
     if (hf / "config.json").exists():
         return hf
     limits = config.limits()
-    world = [f"+tracerl.domain_options.{k}={json.dumps(list(v) if isinstance(v, tuple) else v).replace(' ', '')}"
-             for k, v in config.domain_options().items()]
+    world = domain_overrides(config.domain_options())
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     args = [f"data.train_files={out}/train.parquet", f"data.val_files={out}/test.parquet",
             f"data.train_batch_size={PROMPTS}", "data.max_prompt_length=1024", "data.max_response_length=2048",
@@ -104,8 +103,8 @@ def run_verl(out: Path, config: EmbeddedConfig, steps: int) -> Path:
             "+tracerl.method=trace", "+tracerl.domain=multihop", f"+tracerl.max_turns={limits.max_turns}",
             f"+tracerl.max_tokens_per_turn={limits.max_tokens_per_turn}",
             f"+tracerl.max_tokens_per_rollout={limits.max_tokens_per_rollout}", *world,
-            "+ray_kwargs.ray_init.num_cpus=6", f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
-            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", *cpu_overrides(),
+            f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+            *cpu_overrides(),
             f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}", "trainer.test_freq=-1",
             "trainer.val_before_train=False", 'trainer.logger=["console"]', "trainer.project_name=tracerl",
             "trainer.experiment_name=verl-trainer", f"trainer.default_local_dir={out}/verl"]

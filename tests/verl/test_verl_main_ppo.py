@@ -11,7 +11,6 @@ which its whole process group and every Ray process of its own temporary folder 
 the test instead of hanging CI.
 """
 
-import json
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ pytest.importorskip("verl.trainer.ppo.v1", reason="needs verl 0.9.1 in its own e
 import psutil  # noqa: E402
 from helpers import TINY_POLICY  # noqa: E402
 
-from tracerl.integrations.verl_plugin import cpu_overrides, environment  # noqa: E402
+from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides, environment  # noqa: E402
 from tracerl.policy.embedded import build_embedded, weights_hash  # noqa: E402
 from tracerl.policy.embedded_config import EmbeddedConfig  # noqa: E402
 
@@ -50,8 +49,7 @@ def task(tmp_path_factory):
     policy.tokenizer.save_pretrained(root / "model")
     pd.DataFrame(policy.domain.rows("train", 16, seed=1)).to_parquet(root / "train.parquet")
     pd.DataFrame(policy.domain.rows("test", 8, seed=1)).to_parquet(root / "test.parquet")
-    world = [f"+tracerl.domain_options.{k}={json.dumps(list(v) if isinstance(v, tuple) else v).replace(' ', '')}"
-             for k, v in config.domain_options().items()]
+    world = domain_overrides(config.domain_options())
     return {"root": root, "world": world, "config": config}
 
 
@@ -75,9 +73,7 @@ def main_ppo(task, steps: int, log: Path) -> tuple[int, str]:
             "+tracerl.method=trace", "+tracerl.domain=multihop", "+tracerl.max_turns=4",
             "+tracerl.max_tokens_per_turn=40", "+tracerl.max_tokens_per_rollout=400",
             "+tracerl.allocation.m_min=2", "+tracerl.allocation.m_max=6", *task["world"],
-            # Ray's CPUs are reservations: the task runner, TransferQueue's controller and storage unit each hold one
-            "+ray_kwargs.ray_init.num_cpus=6", f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
-            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+            f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
             *cpu_overrides(),
             f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=-1",
             "trainer.val_before_train=False", 'trainer.logger=["console"]', "trainer.project_name=tracerl",

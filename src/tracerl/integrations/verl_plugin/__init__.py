@@ -19,6 +19,7 @@ command.
 
 from __future__ import annotations
 
+import json
 import os
 
 from tracerl.integrations.verl_plugin.checks import VERL_VERSION, VerlMoved, check_version
@@ -28,7 +29,7 @@ ROLLOUT = "tracerl_hf"
 TRAINER_MODE = "tracerl_sync"
 
 __all__ = ["VERL_VERSION", "VerlMoved", "PLATFORM", "ROLLOUT", "TRAINER_MODE", "install", "environment",
-           "cpu_overrides"]
+           "cpu_overrides", "domain_overrides"]
 
 
 def _register_rollout() -> None:
@@ -72,8 +73,11 @@ def environment(*, on_cpu: bool = True) -> dict[str, str]:
 def cpu_overrides() -> list[str]:
     """verl's Hydra settings a CPU run needs, on top of the run's own: Ray told of one accelerator (the platform's
     device slot, so verl's placement groups form), the transformers rollout with the in-process (`naive`) weight
-    sync, FSDP2 with sdpa attention, no remove-padding and no torch.compile (none of them has a CPU kernel)."""
+    sync, FSDP2 with sdpa attention, no remove-padding and no torch.compile (none of them has a CPU kernel). Ray's
+    CPUs are reservations: the task runner, TransferQueue's controller and each storage unit hold one for life, so 6
+    of them and one storage unit (verl's default of 8 would wait for CPUs forever on a small machine)."""
     return ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "+ray_kwargs.ray_init.num_gpus=1",
+            "+ray_kwargs.ray_init.num_cpus=6", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             f"trainer.v1.trainer_mode={TRAINER_MODE}",
             f"actor_rollout_ref.rollout.name={ROLLOUT}", "actor_rollout_ref.rollout.mode=async",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -83,6 +87,13 @@ def cpu_overrides() -> list[str]:
             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
             "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
             "actor_rollout_ref.actor.use_torch_compile=False", "actor_rollout_ref.ref.use_torch_compile=False"]
+
+
+def domain_overrides(options: dict) -> list[str]:
+    """`+tracerl.domain_options.<name>=<value>` for each of a built-in domain's options (e.g. an embedded policy's
+    world, `EmbeddedConfig.domain_options()`), values as JSON without spaces so Hydra reads lists and numbers."""
+    return [f"+tracerl.domain_options.{name}={json.dumps(list(v) if isinstance(v, tuple) else v).replace(' ', '')}"
+            for name, v in options.items()]
 
 
 if __name__ in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(","):

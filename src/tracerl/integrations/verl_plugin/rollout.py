@@ -172,6 +172,7 @@ class ServerAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("the tracerl_hf rollout takes merged weights only: set "
                                       "actor_rollout_ref.model.lora.merge=True")
+        # every rank gathers (a sharded tensor's full_tensor() is a collective), only rank 0 of a replica sends
         named = [(name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
                  for name, tensor in weights]
         if not self.sends:
