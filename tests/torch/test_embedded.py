@@ -1,8 +1,11 @@
 """The embedded default policy on a deliberately small config: cache, masking, SFT, evaluation via the real driver."""
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +83,7 @@ def test_build_writes_a_complete_cache_and_a_second_call_loads_it(built, monkeyp
     assert Path(policy.model.name_or_path) == path / "model", "the build returned the in-memory model"
     assert {p.name for p in path.iterdir()} == {"tokenizer", "model", "embedded_config.json", "metrics.json"}
     assert not [p for p in cache.iterdir() if p.name.startswith(".")], "a temporary build folder was left behind"
+    assert {p.name for p in cache.iterdir()} == {SMALL.key(), f"{SMALL.key()}.lock"}
     assert EmbeddedConfig.from_dict(json.loads((path / "embedded_config.json").read_text())) == SMALL
     metrics = json.loads((path / "metrics.json").read_text())
     for key in ("train/sft_loss_curve", "eval/success", "eval/success_se", "sys/build_seconds"):
@@ -109,7 +113,32 @@ def test_rebuild_trains_again_and_replaces_the_cache(built, monkeypatch):
     again = build_embedded(SMALL, cache, rebuild=True)
     assert calls == [1], "rebuild=True did not retrain"
     assert again.path == policy.path and (again.path / "metrics.json").exists()
-    assert sorted(p.name for p in cache.iterdir()) == [SMALL.key()], "rebuild left other folders in the cache"
+    assert sorted(p.name for p in cache.iterdir()) == [SMALL.key(), f"{SMALL.key()}.lock"], \
+        "rebuild left other folders in the cache"
+
+
+def test_a_second_process_waits_for_the_build_and_loads_it(built, tmp_path, monkeypatch):
+    """`tracerl compare --jobs 2` starts two runs of one build at once: the second waits on the first's lock and
+    loads what it saved instead of training the same weights again."""
+    cache, _ = built
+    fresh = tmp_path / "cache"
+    fresh.mkdir()
+    path = fresh / SMALL.key()
+    holder = open(fresh / f"{SMALL.key()}.lock", "a")  # another process's build: flock is per open file
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    monkeypatch.setattr(embedded, "train_sft", lambda *a, **k: pytest.fail("the waiting process trained again"))
+    messages, result = [], []
+    waiter = threading.Thread(target=lambda: result.append(build_embedded(SMALL, fresh, progress=messages.append)))
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive(), "build_embedded did not wait for the lock"
+    shutil.copytree(cache / SMALL.key(), path)  # what the other process saved
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    waiter.join(timeout=120)
+    assert not waiter.is_alive() and result and result[0].path == path
+    assert any("waiting for another process" in m for m in messages), messages
+    assert any("built meanwhile by another process" in m for m in messages), messages
 
 
 def test_sft_loss_decreases(built):

@@ -48,6 +48,8 @@ It does not do RL or load real checkpoints or tokenizers (`TransformersEngine.fr
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -56,7 +58,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,8 +325,30 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
     if (path / "metrics.json").exists() and not rebuild:
         say(f"loading the embedded policy from {path}")
         return load_embedded(path, domain)
-    with torch_threads(BUILD_THREADS):
-        return _build(config, path, say, domain)
+    with _build_lock(path, say):
+        if (path / "metrics.json").exists() and not rebuild:  # another process built it while this one waited
+            say(f"loading the embedded policy from {path}, built meanwhile by another process")
+            return load_embedded(path, domain)
+        with torch_threads(BUILD_THREADS):
+            return _build(config, path, say, domain)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path, say: Progress) -> Iterator[None]:
+    """Held while one process builds the policy at `path`: `tracerl compare --jobs N` starts N runs of one build
+    at once, and each would otherwise build the same weights (minutes of both cores). flock(2) on `<path>.lock`
+    beside the cache entry: the kernel drops it when its holder dies, so a killed build never blocks the next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f"{path.name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another process building the embedded policy at {path}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # The split the build's held-out check reads (`eval/success` in its metrics.json): apart from the warm start's questions
