@@ -1,4 +1,5 @@
-"""TransformersEngine on a tiny random Qwen3: KV reuse must not change what is generated.
+"""TransformersEngine on a tiny random Qwen3: KV reuse must not change what is generated; `make_engine` builds the
+engine a policy config names.
 
 The reference for every reuse check is the same model without reuse (every sample prefills its whole prefix)
 and a plain forward pass over the full sequence.
@@ -14,6 +15,7 @@ import engine_contract
 from engine_contract import (check_rows_max_tokens_and_length_finish, check_stop_token_ends_sample_and_is_included,
                              forward_logprobs)
 
+from tracerl.engines import make_engine
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine, sample_next
 from tracerl.io.engine import SamplingParams
@@ -253,3 +255,40 @@ def test_coupled_samples_do_not_depend_on_the_batch_and_are_shared_by_close_poli
 def test_keys_must_be_one_per_prefix(model):
     with pytest.raises(ValueError, match="one key per prefix"):
         TransformersEngine(model).generate([[1, 2], [3]], SamplingParams(seed=0), keys=[1])
+
+
+def test_make_engine_builds_the_engine_the_policy_config_names(model, monkeypatch):
+    from tracerl.engines.openai_engine import OpenAIEngine
+    from tracerl.engines.vllm_engine import VLLMEngine
+    from tracerl.train.config import PolicyConfig
+
+    engine = make_engine(PolicyConfig(max_batch_size=5), model, device="cpu", compute_dtype=torch.bfloat16)
+    assert isinstance(engine, TransformersEngine) and engine.model is model
+    assert (engine.max_batch_size, engine.compute_dtype) == (5, torch.bfloat16)
+
+    said = []
+    served = PolicyConfig(engine="openai", base_url="http://127.0.0.1:9/v1", served_model_name="m", n_mode="repeat",
+                          max_batch_size=3, sync_weights=False)
+    client = make_engine(served, model, say=said.append)  # builds a client: nothing is sent until it generates
+    assert isinstance(client, OpenAIEngine)
+    assert (client.base_url, client.model, client.n_mode, client.max_concurrency, client.vocab_size) == (
+        "http://127.0.0.1:9", "m", "repeat", 3, VOCAB), "the client must refuse ids outside the policy's vocabulary"
+    assert said == ["generating with the server at http://127.0.0.1:9/v1"]
+
+    built = {}
+    monkeypatch.setattr(VLLMEngine, "from_model", classmethod(
+        lambda cls, m, state_dict=None, **kwargs: built.update(model=m, state_dict=state_dict, **kwargs) or "vllm"))
+    weights = {"w": torch.zeros(1)}
+    cfg = PolicyConfig(engine="vllm", max_batch_size=7, vllm_max_model_len=512, vllm_kv_cache_gib=0.5,
+                       vllm_gpu_memory_utilization=0.4, vllm_sleep=False)
+    assert make_engine(cfg, model, device=torch.device("cpu"), weights=lambda: weights, seed=3) == "vllm"
+    assert built == {"model": model, "state_dict": weights, "device": "cpu", "seed": 3, "max_model_len": 512,
+                     "max_num_seqs": 7, "kv_cache_gib": 0.5, "gpu_memory_utilization": 0.4,
+                     "enable_sleep_mode": False}
+
+
+def test_make_engine_refuses_an_unknown_engine_naming_the_choices(model):
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match=r"policy.engine='sglang'.*transformers, vllm, openai"):
+        make_engine(SimpleNamespace(engine="sglang", max_batch_size=4), model)

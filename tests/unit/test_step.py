@@ -132,9 +132,8 @@ def test_sampler_resumes_what_an_uninterrupted_sampler_samples():
         def run(s, steps, sim):
             out = []
             for _ in range(steps):
-                indices = s.next_pool()
-                result = s.step(sim.set_pool(indices), sim)
-                out.append((indices.tolist(), result.growth.root_counts.tolist(),
+                result = s.step(sim)
+                out.append(([h.prompt_id for h in result.pool], result.growth.root_counts.tolist(),
                             [t.to_json() for t in result.trees], result.metrics["rollout/tokens"]))
             return out
 

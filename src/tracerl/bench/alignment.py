@@ -126,9 +126,9 @@ def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor
             group.update(lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
         trainer.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
         for _ in range(d):
-            trainer.sampler.next_pool()
+            trainer.sampler.pool.next()
         trainer.step = int(state["step"]) + d
-        step, _, _ = trainer.sample_step()
+        step = trainer.sample_step()
         trainer.model.train()
         trainer.accumulate_gradient(step.trees, step.advantages)
         g = _flat_grad(params)

@@ -64,7 +64,7 @@ def run_method(name: str, cfg: AllocBenchConfig) -> dict[str, float]:
     units = tokens_spent = 0.0
     for step in range(cfg.num_steps):
         t_step = time.perf_counter()
-        result = sampler.step(sim.set_pool(sampler.next_pool()), sim)
+        result = sampler.step(sim)
         for key in ("predict", "allocate", "update"):
             seconds[key] += result.seconds[key]
         seconds["step"] += time.perf_counter() - t_step

@@ -64,7 +64,7 @@ def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
                       predictor=make_predictor("hashed_logistic", seed=cfg.seed, l2=1e-3))
     steps = []
     for _ in range(cfg.num_steps):
-        result = sampler.step(sim.set_pool(sampler.next_pool()), sim)
+        result = sampler.step(sim)
         steps.append(result.targets if result.targets is not None else predictor_targets(result.trees))
         sim.advance()
     return steps

@@ -10,7 +10,8 @@ caller's (the trainer's), and so is anything timed around it.
 `Sampler` is a run's sampling state, built one way by the trainer, both benches and verl: the prompt pool (a cursor
 over a shuffled order), the allocation RNG, the prices (`tracerl.core.ledger`: units or tokens, learned over the
 run) and the predictor, with one seed convention (pool `[seed, 1]`, allocation `[seed, 2]`, the predictor built
-with `seed`) and one `state_dict`, so a run saved and resumed samples what an uninterrupted one samples. Each step
+with `seed`) and one `state_dict`, so a run saved and resumed samples what an uninterrupted one samples.
+`Sampler.step(runner)` is the whole step: it draws the pool and has the runner (a `PoolRunner`) load it. Each step
 gets a fresh ledger from the prices; its per-kind spend is logged as `alloc/units_root`, `alloc/units_prefix`,
 `alloc/tokens_root`, `alloc/tokens_prefix` (and `alloc/cost_*` when the budget is in tokens), which is what the run
 report reads.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -75,6 +76,7 @@ class StepResult:
     scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (p before the update, Vhat, n) of fresh nodes
     targets: tuple[list[History], np.ndarray, np.ndarray] | None = None  # what the predictor learned from
     seconds: dict[str, float] = field(default_factory=dict)  # predict, allocate, rollout, update
+    pool: list[History] = field(default_factory=list)  # the candidate prompts, aligned with growth.p_pool
 
 
 @dataclass
@@ -134,7 +136,7 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     if grown.kept is not None:  # a round sampler: what each round spent, and what the step kept of it
         metrics.update(round_metrics(grown))
     seconds = dict(grown.seconds, update=update_seconds)
-    return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds)
+    return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds, list(pool))
 
 
 def measure(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], raw: Sequence[TreeAdvantages],
@@ -171,12 +173,21 @@ def round_metrics(grown: GrowthResult) -> dict[str, float]:
     return out
 
 
+class PoolRunner(RolloutRunner, Protocol):
+    """A `RolloutRunner` a `Sampler` steps: it also loads each step's candidate prompts (the simulator; the trainer's
+    runner bound to the run's rows and the step's seed, `tracerl.executors.runner.StepRunner`)."""
+
+    def set_pool(self, prompt_indices: np.ndarray) -> list[History]:
+        """Make the prompts at `prompt_indices` (into the run's prompts) the step's pool, in that order (`run_roots`
+        then indexes into it); returns the histories of their bare prompts."""
+
+
 class Sampler:
     """A run's sampling state and its step: the prompt pool, the allocation RNG, the prices and the predictor.
 
     One seed convention for every caller: the pool's order from `[seed, 1]`, stage 1 and 2's draws from
     `[seed, 2]`; the predictor is built by the caller with `seed` (`tracerl.core.predictor.make_predictor`). A step
-    is `next_pool()` (pool indices), the caller's runner set on those prompts, then `step(pool, runner)`.
+    is `step(runner)`: the next pool's indices, the runner's `set_pool` on them, then `run_step`.
     `state_dict` holds everything a resumed run needs to sample what an uninterrupted run samples, the predictor's
     state included."""
 
@@ -188,12 +199,9 @@ class Sampler:
         self.prices = make_prices(config)
         self.predictor = predictor if method.predictor != "none" else None
 
-    def next_pool(self) -> np.ndarray:
-        """Indices of the next step's candidate prompts."""
-        return self.pool.next()
-
-    def step(self, pool: Sequence[History], runner: RolloutRunner) -> StepResult:
-        """One step (`run_step`) on `pool` (the histories of `next_pool()`'s prompts, as the runner holds them)."""
+    def step(self, runner: PoolRunner) -> StepResult:
+        """One step (`run_step`) on the next pool, which `runner` loads (`StepResult.pool`: its histories)."""
+        pool = runner.set_pool(self.pool.next())
         return run_step(self.method, self.config, pool, runner, self.rng, predictor=self.predictor,
                         advantages=self.advantages, prices=self.prices)
 

@@ -5,6 +5,8 @@ A runner is a `tracerl.core.growth.RolloutRunner` (`run_roots`, `run_continuatio
 - `set_rows(rows, seed) -> histories`: the step's candidate pool and its sampling seed (worker i of a Ray runner
   samples with `worker_seed(seed, i)`; worker 0 and the local runner sample with `seed` itself, so one Ray worker
   samples what the local runner samples);
+- `for_step(rows, seed) -> StepRunner`: the runner bound to the run's prompt rows and the step's seed, a
+  `tracerl.core.step.PoolRunner` whose `set_pool(prompt_indices)` loads those rows, so `Sampler.step` loads its pool;
 - `take_counters() -> dict`: the rollout counters (`rollout/turns`, `rollout/tool_errors`, ...) since the last take;
 - `close()`: stops what the runner started (Ray workers, and the loopback Ray cluster if it started one).
 
@@ -44,6 +46,27 @@ class _Runner:
         out = {k: v - self._taken[k] for k, v in now.items()}
         self._taken = now
         return out
+
+    def for_step(self, rows: Sequence[dict[str, Any]], seed: int | None) -> StepRunner:
+        """This runner for one step: pool indices into `rows` (the run's prompts), sampled with `seed`."""
+        return StepRunner(self, rows, seed)
+
+
+class StepRunner:
+    """A runner bound to a run's prompt rows and one step's sampling seed (`tracerl.core.step.PoolRunner`):
+    `set_pool(prompt_indices)` loads those rows into the runner (`set_rows`); the rollouts are the runner's."""
+
+    def __init__(self, runner: LocalRunner | RayRunner, rows: Sequence[dict[str, Any]], seed: int | None):
+        self.runner, self.rows, self.seed = runner, rows, seed
+
+    def set_pool(self, prompt_indices: Sequence[int]) -> list[History]:
+        return self.runner.set_rows([self.rows[i] for i in prompt_indices], seed=self.seed)
+
+    def run_roots(self, prompt_indices: Sequence[int], counts: Sequence[int]) -> tuple[list[Tree], int]:
+        return self.runner.run_roots(prompt_indices, counts)
+
+    def run_continuations(self, requests: Sequence[tuple[Tree, int, int]]) -> int:
+        return self.runner.run_continuations(requests)
 
 
 class LocalRunner(_Runner):

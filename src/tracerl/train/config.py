@@ -28,6 +28,7 @@ from tracerl.core.advantages import ADVANTAGES, AdvantageConfig
 from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
+from tracerl.engines import ENGINES
 from tracerl.io.boundary import listing, parse_int
 from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
 from tracerl.io.files import check_depth
@@ -80,7 +81,7 @@ class PolicyConfig:
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)  # the embedded policy's build (policy.model="embedded")
     cache_dir: str = ""  # where the embedded build is cached ("" = $TRACERL_CACHE or ~/.cache/tracerl)
     max_batch_size: int = knob(64, ge=1)  # rollouts the engine decodes together
-    engine: str = knob("transformers", choices=("transformers", "vllm", "openai"))  # "transformers" or "vllm" (in process), or "openai" (a vLLM/SGLang/tracerl serve server)
+    engine: str = knob("transformers", choices=ENGINES)  # "transformers" or "vllm" (in process), or "openai" (a vLLM/SGLang/tracerl serve server)
     base_url: str = ""  # the server of engine="openai", e.g. http://127.0.0.1:8000
     served_model_name: str = ""  # the model name the server expects ("" = the first it lists)
     n_mode: str = knob("n", choices=("n", "repeat"))  # "n": one request per prefix with n samples (vLLM, tracerl serve); "repeat": SGLang

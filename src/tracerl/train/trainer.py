@@ -36,10 +36,9 @@ import torch
 from tracerl.core.advantages import TreeAdvantages
 from tracerl.core.methods import get_method
 from tracerl.core.predictor import make_predictor
-from tracerl.core.step import Sampler
+from tracerl.core.step import Sampler, StepResult
 from tracerl.core.tree import Tree
-from tracerl.engines import torch_threads
-from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.engines import make_engine, torch_threads
 from tracerl.executors import make_runner
 from tracerl.io.boundary import listing
 from tracerl.io.driver import check_prompt_lengths
@@ -79,7 +78,11 @@ class Trainer:
         self.policy = load_policy(config, self.say)  # on policy.device, with LoRA adapters if policy.lora_rank > 0
         self.model = self.policy.model
         self.device = self.policy.device
-        self.engine = self._make_engine()
+        # transformers: the model with its adapters inside its layers, so it samples the adapted policy; vLLM: loaded
+        # with the merged weights; a server: samples this model, so its ids must lie inside this model's vocabulary
+        self.engine = make_engine(config.policy, self.model, device=self.device,
+                                  compute_dtype=sampling_dtype(self.device, config.policy.precision),
+                                  weights=lambda: merged_state_dict(self.model), seed=config.run.seed, say=self.say)
         self.ref_model = None  # a frozen copy of the initial policy (KL term, full fine-tuning)
         if config.optim.kl_coef > 0 and self.policy.peft is None:  # with LoRA the base model is the reference
             self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
@@ -111,29 +114,6 @@ class Trainer:
         if self.config.policy.engine == "vllm":
             return min(positions or self.config.policy.vllm_max_model_len, self.config.policy.vllm_max_model_len)
         return positions
-
-    def _make_engine(self):
-        cfg = self.config.policy
-        if cfg.engine == "transformers":
-            # the transformers model with the adapters inside its layers, so it samples the adapted policy
-            return TransformersEngine(self.model, device=self.device, max_batch_size=cfg.max_batch_size,
-                                      compute_dtype=sampling_dtype(self.device, cfg.precision))
-        if cfg.engine == "vllm":  # vLLM in this process, loaded with the trainer's (merged) weights
-            from tracerl.engines.vllm_engine import VLLMEngine
-
-            return VLLMEngine.from_model(
-                self.model, merged_state_dict(self.model), device=self.device.type, seed=self.config.run.seed,
-                max_model_len=cfg.vllm_max_model_len, max_num_seqs=cfg.max_batch_size,
-                kv_cache_gib=cfg.vllm_kv_cache_gib, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                enable_sleep_mode=cfg.vllm_sleep)
-        from tracerl.engines.openai_engine import OpenAIEngine
-
-        # the server samples from the same model, so every id it returns must lie inside this model's vocabulary
-        engine = OpenAIEngine(cfg.base_url, cfg.served_model_name or None, n_mode=cfg.n_mode,
-                              max_concurrency=cfg.max_batch_size, vocab_size=self.model.config.vocab_size)
-        self.say(f"generating with the server at {cfg.base_url}" + (", weights synced after each update"
-                                                                     if cfg.sync_weights else ""))
-        return engine
 
     def sync_weights(self) -> None:
         """Send the current weights to a served engine (policy.engine="openai", policy.sync_weights), so it
@@ -170,13 +150,13 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
-        step, runner, pool = self.sample_step()  # 1. the sampling: pool, stages 1 and 2, predictor, advantages
+        step = self.sample_step()  # 1. the sampling: pool, stages 1 and 2, predictor, advantages
         trees, grown, ledger = step.trees, step.growth, step.ledger
         if cfg.run.save_trees:
             write_trees(self.out, self.step + 1, {
                 "step": self.step + 1, "method": cfg.method, "domain": cfg.data.domain,
                 "pool": [{"prompt_id": h.prompt_id, "p": float(p) if self.uses_predictor else None, "granted": int(m)}
-                         for h, p, m in zip(pool, grown.p_pool, grown.root_counts)],
+                         for h, p, m in zip(step.pool, grown.p_pool, grown.root_counts)],
                 "trees": [tree.to_dict() for tree in trees]})
         metrics: dict[str, Any] = dict(step.metrics)
         # 2. the policy update
@@ -197,15 +177,15 @@ class Trainer:
         metrics.update({
             "alloc/overhead_frac": alloc_seconds / step_seconds,
             "rollout/cum_units": self.totals["units"], "rollout/cum_tokens": self.totals["tokens"],
-            **{f"rollout/{k.split('/', 1)[1]}": v for k, v in runner.take_counters().items()},
+            **{f"rollout/{k.split('/', 1)[1]}": v for k, v in self.runner.take_counters().items()},
             "sys/step_seconds": step_seconds, "sys/rollout_seconds": step.seconds["rollout"],
             "sys/train_seconds": train_seconds, "sys/alloc_seconds": alloc_seconds,
         })
         return self.log.write("train", self.step, metrics)
 
-    def sample_step(self):
+    def sample_step(self) -> StepResult:
         """The step's sampling (tracerl.core.step): the next pool, predictor, stage 1, rollouts, stage 2, predictor
-        scored then updated, advantages, measures. Returns (the StepResult, the runner, the pool's histories)."""
+        scored then updated, advantages, measures, on the run's runner with the step's seed."""
         runner = self.start_runner()
         # Every step samples from an empty KV store, as a step resumed from a checkpoint does: a store kept from the
         # last step (valid when that step left the weights unchanged) would make this step's logprobs differ from a
@@ -213,9 +193,7 @@ class Trainer:
         clear_cache = getattr(self.engine, "clear_cache", None)
         if clear_cache is not None:
             clear_cache()
-        pool = runner.set_rows([self.train_rows[i] for i in self.sampler.next_pool()],
-                               seed=step_seed(self.config.run.seed, self.step, 0))
-        return self.sampler.step(pool, runner), runner, pool
+        return self.sampler.step(runner.for_step(self.train_rows, seed=step_seed(self.config.run.seed, self.step, 0)))
 
     def update_policy(self, trees: list[Tree], advantages: list[TreeAdvantages]) -> dict[str, float]:
         """AdamW on the clipped surrogate over all of the step's rollouts, `num_epochs` passes.
