@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,12 +29,14 @@ import numpy as np
 import torch
 
 from tracerl.core.stats import t_half_width
-from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides, environment
+from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides
+from tracerl.integrations.verl_plugin.launch import run_main_ppo
 from tracerl.policy.embedded import build_embedded
 from tracerl.policy.embedded_config import EmbeddedConfig
 from tracerl.policy.evaluation import evaluate_rows
 
 PROMPTS, ROLLOUTS, LR, EVAL_PROMPTS, EVAL_SAMPLES = 16, 8, 5e-4, 256, 4
+VERL_LIMIT_S = 4 * 3600  # verl's run (24 steps took about 11 minutes) is killed with its Ray processes past this
 DIFFERENCES = [
     "stage 1's candidate pool: tracerl draws a pool of prompts larger than the batch (allocation.pool_factor); "
     "verl's batch is the pool (pool_factor 1)",
@@ -86,7 +86,6 @@ def run_verl(out: Path, config: EmbeddedConfig, steps: int) -> Path:
         return hf
     limits = config.limits()
     world = domain_overrides(config.domain_options())
-    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     args = [f"data.train_files={out}/train.parquet", f"data.val_files={out}/test.parquet",
             f"data.train_batch_size={PROMPTS}", "data.max_prompt_length=1024", "data.max_response_length=2048",
             "data.return_raw_chat=True", "data.dataloader_num_workers=0",
@@ -103,15 +102,14 @@ def run_verl(out: Path, config: EmbeddedConfig, steps: int) -> Path:
             "+tracerl.method=trace", "+tracerl.domain=multihop", f"+tracerl.max_turns={limits.max_turns}",
             f"+tracerl.max_tokens_per_turn={limits.max_tokens_per_turn}",
             f"+tracerl.max_tokens_per_rollout={limits.max_tokens_per_rollout}", *world,
-            f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
             *cpu_overrides(),
             f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}", "trainer.test_freq=-1",
             "trainer.val_before_train=False", 'trainer.logger=["console"]', "trainer.project_name=tracerl",
             "trainer.experiment_name=verl-trainer", f"trainer.default_local_dir={out}/verl"]
     say(f"verl main_ppo: {steps} steps")
-    with open(out / "verl.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], check=True, stdout=log,
-                       stderr=subprocess.STDOUT, env={**os.environ, **environment()}, cwd=out)
+    code = run_main_ppo(args, out / "verl.log", cwd=out, limit_s=VERL_LIMIT_S)
+    if code != 0:
+        raise SystemExit(f"verl main_ppo failed (exit {code}); its output: {out / 'verl.log'}")
     return hf
 
 

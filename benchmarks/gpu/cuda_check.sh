@@ -8,7 +8,8 @@
 # ("train engine") picks the stages and their order, PRECISIONS ("bfloat16 float32") the precisions in each; JSON
 # results go to $OUT (default /tmp/cuda-check), the log to $OUT/log.txt. STAGES may also name profile: the engine
 # on a small workload under torch.profiler, to tell launch overhead from compute; stepprofile: one training step
-# under cProfile, where a host-bound step's seconds go. Every stage needs the math
+# under cProfile, where a host-bound step's seconds go; recipe: the TRACE settings of docs/verl.md's GPU recipe in one
+# step of tracerl's trainer (what verl itself runs there needs verl and vLLM). Every stage needs the math
 # domain's packages (the smoke tokenizer is trained on its questions): give WHEELS on a machine without them.
 #
 #   WHEELS=.whl benchmarks/gpu/cuda_check.sh       # wheels of the math domain's packages, installed offline first
@@ -96,10 +97,22 @@ profile_stage() {  # one precision
         || echo "cuda_check: profile $1 failed"
     head -n 24 "$OUT/profile-$1.txt" 2>/dev/null
 }
+# The GPU recipe of docs/verl.md ("GPU recipe: Qwen3 with vLLM on verl"), as far as a machine without verl and vLLM
+# can take it: the recipe's TRACE settings (multihop, `trace`, 6 turns of up to 512 tokens, 8 rollouts per prompt,
+# m_max 16; 16 prompts here, not the recipe's 128) in one step of tracerl's own trainer on this model, on the GPU:
+# tracerl's allocation, tree growth and tree advantages at the recipe's shapes, and the step's time and memory. It
+# cannot check what verl runs there (the FSDP actor, the vLLM server, the weight sync, TraceAgentLoopManager, which
+# imports verl): `tests/verl` and `benchmarks/verl/vllm_rollout.py` check those on a CPU.
+recipe_stage() {  # one precision
+    suffix=-verl-recipe train_stage "$1" --config configs/trace.toml --set data.domain=multihop --set method=trace \
+        --set data.max_turns=6 --set data.max_tokens_per_turn=512 --set allocation.rollouts_per_prompt=8 \
+        --set allocation.m_max=16 --set allocation.num_prompts=16 ${RECIPE_SET:-}
+}
 for stage in $STAGES; do
     case $stage in
-        train|engine|profile|stepprofile) for precision in $PRECISIONS; do "${stage}_stage" "$precision"; done ;;
-        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine, profile and stepprofile)"; exit 2 ;;
+        train|engine|profile|stepprofile|recipe) for precision in $PRECISIONS; do "${stage}_stage" "$precision"; done ;;
+        *) echo "cuda_check: unknown stage '$stage' (STAGES takes train, engine, profile, stepprofile and recipe)"
+           exit 2 ;;
     esac
 done
 echo "== done"

@@ -13,21 +13,16 @@ the test instead of hanging CI.
 
 import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("verl.trainer.ppo.v1", reason="needs verl 0.9.1 in its own environment: run .ci/verl")
 
-import psutil  # noqa: E402
 from helpers import TINY_POLICY  # noqa: E402
 
-from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides, environment  # noqa: E402
+from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides  # noqa: E402
+from tracerl.integrations.verl_plugin.launch import run_main_ppo  # noqa: E402
 from tracerl.policy.embedded import build_embedded, weights_hash  # noqa: E402
 from tracerl.policy.embedded_config import EmbeddedConfig  # noqa: E402
 
@@ -54,10 +49,9 @@ def task(tmp_path_factory):
 
 
 def main_ppo(task, steps: int, log: Path) -> tuple[int, str]:
-    """verl's entry point in its own process group, `steps` training steps, a checkpoint every 2; (exit code,
-    output). Past LIMIT_S the group and the run's Ray processes (found by its temporary folder) are killed."""
+    """verl's entry point (`run_main_ppo`: its own process group, killed with its Ray processes past LIMIT_S),
+    `steps` training steps, a checkpoint every 2; (exit code, output)."""
     root = task["root"]
-    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     args = [f"data.train_files={root}/train.parquet", f"data.val_files={root}/test.parquet",
             "data.train_batch_size=8", "data.max_prompt_length=512", "data.max_response_length=512",
             "data.return_raw_chat=True", "data.dataloader_num_workers=0",
@@ -73,37 +67,14 @@ def main_ppo(task, steps: int, log: Path) -> tuple[int, str]:
             "+tracerl.method=trace", "+tracerl.domain=multihop", "+tracerl.max_turns=4",
             "+tracerl.max_tokens_per_turn=40", "+tracerl.max_tokens_per_rollout=400",
             "+tracerl.allocation.m_min=2", "+tracerl.allocation.m_max=6", *task["world"],
-            f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
             *cpu_overrides(),
             f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=-1",
             "trainer.val_before_train=False", 'trainer.logger=["console"]', "trainer.project_name=tracerl",
             "trainer.experiment_name=main-ppo", f"trainer.default_local_dir={root}/checkpoints"]
-    env = {**os.environ, **environment(), "TRACERL_ROLLOUT_WEIGHTS_HASH": "1", "RAY_DEDUP_LOGS": "0",
+    env = {"TRACERL_ROLLOUT_WEIGHTS_HASH": "1", "RAY_DEDUP_LOGS": "0",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
-        try:
-            code = proc.wait(timeout=LIMIT_S)
-        except subprocess.TimeoutExpired:
-            code = -9
-        finally:
-            kill_run(proc, ray_tmp)
-            shutil.rmtree(ray_tmp, ignore_errors=True)
+    code = run_main_ppo(args, log, cwd=root, limit_s=LIMIT_S, env=env)
     return code, log.read_text(errors="replace")
-
-
-def kill_run(proc: subprocess.Popen, ray_tmp: str) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for other in psutil.process_iter(["cmdline"]):
-        if any(ray_tmp in part for part in other.info["cmdline"] or ()):
-            try:
-                other.kill()
-            except psutil.Error:
-                pass
 
 
 def steps(output: str) -> dict[int, dict[str, str]]:

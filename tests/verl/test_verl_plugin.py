@@ -43,6 +43,11 @@ def test_the_patched_lines_are_the_installed_verls():
     assert not getattr(original, "_tracerl_cpu", False), "this process did not load the plugin: verl's own line"
     checks.check_source(original, 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"', "distributed")
     checks.check_source(EngineRegistry.get_engine_cls.__func__, 'os.getenv("VERL_ENGINE_DEVICE")', "engine")
+    # vllm_cpu's weight-sync patch: its module imports vLLM, which this environment lacks, so read it as text
+    from pathlib import Path
+
+    worker = (Path(verl.__file__).parent / "workers/rollout/vllm_rollout/utils.py").read_text()
+    assert "def _update_weights(" in worker and "model.load_weights(param_updates)" in worker
 
 
 def test_the_platform_answers_what_verl_asks_of_a_device():

@@ -10,7 +10,8 @@ circular). It registers:
 - `actor_rollout_ref.rollout.name=tracerl_hf` (`rollout.py`): a transformers rollout server, for CPU runs and small
   models;
 - the platform `tracerl_cpu` (`cpu.py`), selected with `VERL_PLATFORM=tracerl_cpu`, and only then one patch of a
-  verl line that is wrong on a CPU and verl's own engine-device setting.
+  verl line that is wrong on a CPU and verl's own engine-device setting; where the vLLM installed is its CPU build,
+  two more, for verl's own vLLM rollout (`vllm_cpu.py`).
 verl 0.9.1 only: another version raises `VerlMoved` at import, naming the version to install.
 
 `environment()` and `cpu_overrides()` give what a CPU run needs; `docs/verl.md` ("verl's own trainer") has the
@@ -58,6 +59,9 @@ def install() -> None:
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
         cpu.patch_process_group()
         cpu.select_fsdp_engine()
+        from tracerl.integrations.verl_plugin import vllm_cpu
+
+        vllm_cpu.install()  # verl's own vLLM rollout on vLLM's CPU build, where that is the vLLM installed
     _register_rollout()
     from tracerl.integrations.verl_plugin.trainer import register as register_trainer
 
@@ -70,19 +74,28 @@ def environment(*, on_cpu: bool = True) -> dict[str, str]:
     return {**env, "VERL_PLATFORM": PLATFORM} if on_cpu else env
 
 
-def cpu_overrides() -> list[str]:
+def cpu_overrides(rollout: str = ROLLOUT) -> list[str]:
     """verl's Hydra settings a CPU run needs, on top of the run's own: Ray told of one accelerator (the platform's
-    device slot, so verl's placement groups form), the transformers rollout with the in-process (`naive`) weight
-    sync, FSDP2 with sdpa attention, no remove-padding and no torch.compile (none of them has a CPU kernel). Ray's
-    CPUs are reservations: the task runner, TransferQueue's controller and each storage unit hold one for life, so 6
-    of them and one storage unit (verl's default of 8 would wait for CPUs forever on a small machine)."""
+    device slot, so verl's placement groups form), FSDP2 with sdpa attention, no remove-padding and no torch.compile
+    (none of them has a CPU kernel), and a rollout served on the CPU with the in-process (`naive`) weight sync:
+    `tracerl_hf` (the transformers server), or `vllm` (verl's own vLLM rollout, on vLLM's CPU build: no sleep mode,
+    which frees GPU memory, eager mode, no CUDA graphs, float32, and 10% of the machine's memory reserved for its
+    KV cache, which is what `gpu_memory_utilization` means on that build: verl's 0.5 took half of a 24 GiB machine
+    and Ray killed the run for memory; `vllm_cpu.py` for what verl needs beside). Ray's CPUs
+    are reservations: the task runner, TransferQueue's controller and each storage unit hold one for life, so 6 of
+    them and one storage unit (verl's default of 8 would wait for CPUs forever on a small machine)."""
+    if rollout not in (ROLLOUT, "vllm"):
+        raise ValueError(f"cpu_overrides: rollout {rollout!r} has no CPU settings here; use {ROLLOUT!r} or 'vllm'")
+    served = ["+actor_rollout_ref.rollout.enable_sleep_mode=False", "actor_rollout_ref.rollout.enforce_eager=True",
+              "actor_rollout_ref.rollout.dtype=float32",
+              "actor_rollout_ref.rollout.gpu_memory_utilization=0.1"] if rollout == "vllm" else []
     return ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "+ray_kwargs.ray_init.num_gpus=1",
             "+ray_kwargs.ray_init.num_cpus=6", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             f"trainer.v1.trainer_mode={TRAINER_MODE}",
-            f"actor_rollout_ref.rollout.name={ROLLOUT}", "actor_rollout_ref.rollout.mode=async",
+            f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.mode=async",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
             "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-            "actor_rollout_ref.rollout.free_cache_engine=False",
+            "actor_rollout_ref.rollout.free_cache_engine=False", *served,
             "actor_rollout_ref.model.use_remove_padding=False",
             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
             "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",

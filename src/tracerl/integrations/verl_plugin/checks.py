@@ -24,7 +24,12 @@ def check_version() -> None:
 
 def check_source(function: Any, needle: str, where: str) -> None:
     """Raise `VerlMoved` unless `function`'s source still holds `needle`, the code a patch works around."""
-    if needle not in inspect.getsource(function):
+    check_text(inspect.getsource(function), needle, where)
+
+
+def check_text(source: str, needle: str, where: str) -> None:
+    """`check_source` on source text (a module's, read before it runs)."""
+    if needle not in source:
         raise VerlMoved(f"tracerl's patch for {where} expects {needle!r} in verl's source, which this verl does "
                         f"not have; it was written for verl {VERL_VERSION}: pip install "
                         f"'verl[verl-core]=={VERL_VERSION}', or run without VERL_PLATFORM=tracerl_cpu")

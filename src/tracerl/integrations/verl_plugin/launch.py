@@ -1,0 +1,55 @@
+"""verl's own entry point, `python -m verl.trainer.main_ppo`, as a subprocess that cannot outlive its time limit.
+
+A verl run whose rollout worker dies can hang instead of exiting, and killing the driver leaves its Ray workers
+running. `run_main_ppo` gives the run its own process group and its own short Ray temporary folder, and on exit or
+at `limit_s` kills the group and every process whose command line names that folder (Ray's raylet, GCS, workers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tracerl.integrations.verl_plugin import environment
+
+TIMED_OUT = -9  # the exit code reported for a run killed at its limit
+
+
+def run_main_ppo(overrides: Sequence[str], log: Path, *, cwd: Path, limit_s: float, on_cpu: bool = True,
+                 env: dict[str, str] | None = None) -> int:
+    """Run main_ppo with `overrides` (Hydra's key=value list), its output to `log`; its exit code, or `TIMED_OUT`.
+    The plugin's `environment(on_cpu=...)` is set, then `env` on top."""
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    args = [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+    full_env = {**os.environ, **environment(on_cpu=on_cpu), **(env or {})}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True)
+        try:
+            return proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            return TIMED_OUT
+        finally:
+            _kill_run(proc, ray_tmp)
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _kill_run(proc: subprocess.Popen, ray_tmp: str) -> None:
+    import psutil  # Ray's own dependency
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for other in psutil.process_iter(["cmdline"]):
+        if any(ray_tmp in part for part in other.info["cmdline"] or ()):
+            try:
+                other.kill()
+            except psutil.Error:
+                pass
