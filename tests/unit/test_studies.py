@@ -97,6 +97,35 @@ def test_the_headroom_reports_come_back_field_for_field(headroom):
         assert (table / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+
+
+def test_the_evaluation_design_comes_back_from_the_archive(headroom, tmp_path, monkeypatch):
+    """studies/eval-design-headroom/design.md, written again from the restored runs by the command its README
+    gives."""
+    _, runs = headroom
+    out = tmp_path / "design.md"
+    monkeypatch.setattr("sys.argv", ["eval_schedule.py", str(runs), "--curve-steps", "0,12", "--var-build", "0.64",
+                                     "--build-seconds", "1021", "--title", "Evaluation design from the headroom "
+                                     "table's runs (preregistered-headroom/runs.tar.xz)", "--out", str(out)])
+    load_study_script("eval_schedule").main()
+    assert out.read_text() == (ROOT / "studies" / "eval-design-headroom" / "design.md").read_text()
+
+
+def test_the_evaluation_noise_of_a_reading_is_what_its_samples_say():
+    """Two evaluations read halfway between them: the noise is the weights squared times each question's
+    x (1 - x) / (k - 1), plus the baseline's, over Q^2."""
+    schedule = load_study_script("eval_schedule")
+    method = [{"step": 0, "rollout/cum_tokens": 0, "eval/per_prompt": [0.5, 1.0]},
+              {"step": 2, "rollout/cum_tokens": 100, "eval/per_prompt": [0.25, 0.75]}]
+    baseline = [{"step": 2, "rollout/cum_tokens": 50, "eval/per_prompt": [0.0, 0.5]}]
+    got = schedule.reading(method, baseline, "tokens", samples=4)
+    assert got.steps == (0, 2)
+    assert got.difference == pytest.approx(((0.375 - 0.0) + (0.875 - 0.5)) / 2)
+    var = lambda x: x * (1 - x) / 3  # noqa: E731
+    expected = (0.25 * (var(0.5) + var(1.0)) + 0.25 * (var(0.25) + var(0.75)) + var(0.0) + var(0.5)) / 4
+    assert got.noise == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("name", sorted(PLANNED_SEEDS))
 def test_each_read_testbeds_verdict_comes_back_from_its_reports(name, tmp_path, capsys):
     folder = STUDIES / name
