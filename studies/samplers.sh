@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The adaptive samplers against grpo and pcl on the headroom testbed at equal sampled tokens: an exploratory table
 # (studies/samplers-headroom/README.md states its plan). Every method's step buys the same expected sampled tokens
-# (allocation.budget_unit=tokens, 12,800 a step: about what grpo's 16 x 8 rollouts sample on this testbed), 24
+# (allocation.budget_unit=tokens, 12,800 a step in the ledger's tokens, which count observations: about 6 prompts x
+# 8 rollouts; samplers-headroom/README.md, amendment 1), 24
 # steps, held-out evaluation at steps 0, 8, 16 and 24 on 512 questions x 4 coupled samples (the same questions and
 # random streams for every method of a seed).
 #

@@ -30,8 +30,12 @@ evaluations; the median run, so a run slowed by a paused or shared machine does 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import shlex
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -164,6 +168,17 @@ def _train_one(config) -> tuple[float, float] | str:
     return result["before"]["eval/success"], result["after"]["eval/success"]
 
 
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: the kernel kills the worker when the comparing process ends, however it ends
+    (PR_SET_PDEATHSIG), so a killed `tracerl compare` leaves no orphan training on; a resumed comparison would
+    otherwise train the same run beside it. Linux only; elsewhere a worker outlives a killed parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent was gone before the request took effect
+        os._exit(1)
+
+
 def _train_in_parallel(configs: dict, jobs: int, say: Say) -> list[str]:
     """Every (label, seed) run of `configs` in `jobs` worker processes (spawned: no torch state is forked); returns
     the runs skipped because another process trains them."""
@@ -171,7 +186,9 @@ def _train_in_parallel(configs: dict, jobs: int, say: Say) -> list[str]:
 
     failed, busy = [], []
     say(f"compare: {len(configs)} runs, {jobs} at a time")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # workers are started from this thread (by submit), whose end PR_SET_PDEATHSIG watches: the process's main thread
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_train_one, config): key for key, config in configs.items()}
         for future in as_completed(futures):
             label, seed = futures[future]
