@@ -97,6 +97,14 @@ def small_trainer_overrides(cache_dir, *more: str) -> list[str]:
             "optim.kl_coef=0.05", "optim.lr=0.05", *more]
 
 
+def trainer_for(config, say=None):
+    """A `Trainer` of `config` on its policy, built (or loaded from the cache) first, as `tracerl train` does."""
+    from tracerl.train.policy import load_policy
+    from tracerl.train.trainer import Trainer
+
+    return Trainer(config, load_policy(config), say=say)
+
+
 def trees_random_advantages(method, trees, config) -> list[TreeAdvantages]:
     """A stand-in for `compute_advantages` in a step: non-zero advantages whatever the rewards (a small policy rarely
     succeeds), fixed by each tree's prompt."""

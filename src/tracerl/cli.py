@@ -215,13 +215,14 @@ def _report_faults(run_dir) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from tracerl.train.checkpoint import saved_config
+    from tracerl.train.policy import load_policy
     from tracerl.train.trainer import Trainer, format_eval
 
     if not args.config and args.out:  # the run's own config: a checkpoint loads only beside it
         args.config = saved_config(args.out, needed=args.checkpoint)
     args.set = [*(args.set or []), "run.tensorboard=false"]
     config = _train_config(args)
-    trainer = Trainer(config, say=_say)
+    trainer = Trainer(config, load_policy(config, _say), say=_say)
     if args.checkpoint and not trainer.resume():
         raise ValueError(f"{config.out_dir()} has no checkpoint; train first or drop --checkpoint")
     from tracerl.engines import torch_threads

@@ -61,11 +61,13 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _trainer(run_config: dict[str, Any], method: str, out: Path, overrides: Sequence[str]):
     from tracerl.train.config import load_config
+    from tracerl.train.policy import load_policy
     from tracerl.train.trainer import Trainer
 
     sets = [f"method={method}", *overrides, f"run.out_dir={out}", "run.tensorboard=false", "run.save_trees=false",
             "run.progress=false"]
-    return Trainer(load_config(base=copy.deepcopy(run_config), overrides=sets))
+    config = load_config(base=copy.deepcopy(run_config), overrides=sets)
+    return Trainer(config, load_policy(config))
 
 
 def _reference(trainer, cfg: AlignmentConfig, say: Say) -> tuple[torch.Tensor, float, dict[str, float]]:

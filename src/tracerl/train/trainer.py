@@ -14,6 +14,9 @@ reference model, the in-process engine and each micro-batch live on `policy.devi
 only the adapters are trained, the KL reference is the model with its adapters switched off, and a served engine
 receives the merged weights (`tracerl.train.policy`).
 
+The policy is built before the trainer, as a step of its own (`tracerl.train.policy.load_policy`: the embedded build,
+from its cache or trained on first use, or a model path), and given to it: `Trainer(config, load_policy(config))`.
+
 Every step's sampling draws on seeds derived from (run seed, step), and every other random state (data order,
 allocation, predictor) is saved in the checkpoint, so a run resumed from a checkpoint produces the same metrics
 as one that never stopped (`tests/e2e`).
@@ -23,6 +26,7 @@ Deliberately not here: distributed training, learning-rate schedules, a value mo
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -50,8 +54,8 @@ from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differen
 from tracerl.policy.embedded import run_provenance, write_provenance
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
-from tracerl.train.policy import (autocast, compute_dtype, load_policy, merged_state_dict, sampling_dtype,
-                                  trainable_parameters)
+from tracerl.train.policy import (TrainPolicy, autocast, compute_dtype, load_policy, merged_state_dict,
+                                  sampling_dtype, trainable_parameters)
 
 Say = Callable[[str], None]
 
@@ -67,15 +71,19 @@ def rollout_policy_tokens(tree: Tree) -> int:
 
 
 class Trainer:
-    """Holds the policy, engine, predictor, optimiser and run state of one run directory."""
+    """Holds the policy, engine, predictor, optimiser and run state of one run directory.
 
-    def __init__(self, config: TrainConfig, *, say: Say | None = None):
+    `policy` is the run's policy as `load_policy(config)` returns it (built or loaded, on `policy.device`, with LoRA
+    adapters when `policy.lora_rank` > 0); the trainer trains its model in place, and its KL reference (full
+    fine-tuning with `optim.kl_coef` > 0) is a frozen copy of the weights as given."""
+
+    def __init__(self, config: TrainConfig, policy: TrainPolicy, *, say: Say | None = None):
         config.check_machine()  # Ray, the CUDA device, peft, the model: what a config built in code skipped
         self.config = config
         self.say = say or (lambda message: None)
         self.method = get_method(config.method)
         self.out = config.out_dir()
-        self.policy = load_policy(config, self.say)  # on policy.device, with LoRA adapters if policy.lora_rank > 0
+        self.policy = policy
         self.model = self.policy.model
         self.device = self.policy.device
         # transformers: the model with its adapters inside its layers, so it samples the adapted policy; vLLM: loaded
@@ -85,7 +93,7 @@ class Trainer:
                                   weights=lambda: merged_state_dict(self.model), seed=config.run.seed, say=self.say)
         self.ref_model = None  # a frozen copy of the initial policy (KL term, full fine-tuning)
         if config.optim.kl_coef > 0 and self.policy.peft is None:  # with LoRA the base model is the reference
-            self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=config.optim.lr,
                                            betas=config.optim.betas, weight_decay=config.optim.weight_decay)
         self.uses_predictor = self.method.predictor != "none"
@@ -323,7 +331,9 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
     with run_lock(config.out_dir()):  # RunInUse if another process trains this folder
         _check_run_dir(config, resume)  # under the lock: what another process did to the folder is done
-        trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
+        # the policy is built (an embedded build pins its own threads) and loaded, and the trainer made, outside
+        # run.num_threads, as they always were: the same threads give the same weights and the same first draws
+        trainer = Trainer(config, load_policy(config, say or (lambda message: None)), say=say)
         try:
             with torch_threads(config.run.num_threads):
                 return _train(trainer, config, resume, say, progress, initial_eval)
