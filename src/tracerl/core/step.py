@@ -208,6 +208,12 @@ class Sampler:
         return run_step(self.method, self.config, pool, runner, self.rng, predictor=self.predictor,
                         advantages=self.advantages, prices=self.prices)
 
+    def skip_pools(self, num: int) -> None:
+        """Pass over the next `num` pools without sampling them: the pool's cursor moves on as `num` steps would
+        move it, and nothing else changes (the allocation RNG, the prices and the predictor stay as they are)."""
+        for _ in range(num):
+            self.pool.next()
+
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.state_dict(), "rng": self.rng.bit_generator.state,
                 "prices": self.prices.state_dict(),

@@ -45,7 +45,8 @@ from tracerl.core.tree import Tree
 from tracerl.engines import make_engine, torch_threads
 from tracerl.executors import make_runner
 from tracerl.io.boundary import listing
-from tracerl.io.driver import check_prompt_lengths
+from tracerl.io.driver import ReActDriver, check_prompt_lengths
+from tracerl.io.engine import SamplingParams
 from tracerl.io.run_folder import replacing, run_path
 from tracerl.io.runlog import METRICS_FILE, RunLog, run_lock, write_trees
 from tracerl.train import checkpoint
@@ -218,9 +219,7 @@ class Trainer:
             weight += share
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
-                                                       cfg.grad_clip or float("inf"))
-            self.optimizer.step()
+            grad_norm = self.apply_gradient()
         self.model.eval()
         sums = {key: value / weight for key, value in sums.items()} if weight else {}
         sums.update({"train/grad_norm": float(grad_norm),
@@ -269,6 +268,36 @@ class Trainer:
             with self.policy.peft.disable_adapter():
                 return batch_logprobs(self.model, batch, temperature)
 
+    def gradient(self, trees: list[Tree], advantages: list[TreeAdvantages]) -> tuple[torch.Tensor, float]:
+        """The gradient of the step's loss over `trees` (one epoch of `update_policy`, before clipping) as one float64
+        vector over the trainable parameters (in their order; zero where a parameter got none), and the loss
+        normaliser. The gradient stays in the parameters' `.grad`, where `apply_gradient` steps on it; the model is
+        left in eval mode."""
+        self.model.train()
+        _, _, total, _ = self.accumulate_gradient(trees, advantages)
+        self.model.eval()
+        params = trainable_parameters(self.model)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
+        return flat, float(total)
+
+    def apply_gradient(self) -> torch.Tensor:
+        """The update `update_policy` makes of the gradient in the parameters' `.grad`: clipped to `optim.grad_clip`
+        (total norm; 0: no clip), then one optimizer step. Returns the norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
+                                                   self.config.optim.grad_clip or float("inf"))
+        self.optimizer.step()
+        return grad_norm
+
+    def rollouts(self, rows: list[dict[str, Any]], samples: int, seed: int) -> tuple[list[Tree], int]:
+        """`samples` fresh rollouts of each of `rows` from the policy being trained, on the trainer's engine at the
+        run's sampling temperature with `seed`, outside the run's steps: the runner, the sampler and the step index
+        are untouched. Returns (one tree per row, the tokens sampled)."""
+        driver = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
+                             sampling=SamplingParams(temperature=self.config.sampling.temperature, seed=seed))
+        driver.set_rows(rows)
+        with torch.no_grad():
+            return driver.run_roots(list(range(len(rows))), [samples] * len(rows))
+
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, log: bool = True) -> dict[str, Any]:
         """Held-out avg@k on the run's fixed evaluation questions (same questions and seed every time); `log`
@@ -292,12 +321,50 @@ class Trainer:
         own config must equal, up to `RESUMABLE_CHANGES` (a training resume passes the config it trains with, so a
         run whose config.json is gone is still held to what was trained); None: the run's `config.json` (`tracerl
         eval --checkpoint`, whose evaluation settings may differ from the run's)."""
-        state = checkpoint.load(self.out, self.model, self.optimizer, None, config=config)
+        state = self.load_checkpoint(self.out, config)
         if state is None:
             return False
-        self.step, self.totals = int(state["step"]), dict(state["totals"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.restore(state)
         return True
+
+    def load_checkpoint(self, run_dir: str | Path, config: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The newest checkpoint of `run_dir` (this run's or another's) loaded into the model and the optimizer, its
+        config checked as `resume` says (None: that run's `config.json`). Returns the trainer state it holds (`step`,
+        `totals`, `sampler`), which `restore` applies, or None when the run has no checkpoint."""
+        return checkpoint.load(run_dir, self.model, self.optimizer, None, config=config)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of what a step changes: `weights`, `optimizer` (its state), `sampler` (the pool's cursor, the
+        allocation RNG, the prices, the predictor), `step` and `totals`; `restore` puts it back."""
+        return {"weights": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "sampler": copy.deepcopy(self.sampler.state_dict()), "step": self.step, "totals": dict(self.totals)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back the parts of a `snapshot` that `state` holds (a checkpoint's trainer state holds `step`, `totals`
+        and `sampler`). The optimizer takes the state's moments with this trainer's own settings (`optim.lr`,
+        `betas`, `weight_decay`), which may differ from those the state was saved with."""
+        if "weights" in state:
+            with torch.no_grad():
+                self.model.load_state_dict(state["weights"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+            optim = self.config.optim
+            for group in self.optimizer.param_groups:
+                group.update(lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+        if "sampler" in state:
+            self.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
+        if "step" in state:
+            self.step = int(state["step"])
+        if "totals" in state:
+            self.totals = dict(state["totals"])
+
+    def skip_steps(self, num: int) -> None:
+        """Move on `num` steps without taking them: the sampler passes over their pools (`Sampler.skip_pools`) and
+        the step index, which seeds a step's sampling, moves on by `num`; nothing else changes. The next step is then
+        another draw of the step the run would take, on another pool and seed."""
+        self.sampler.skip_pools(num)
+        self.step += num
 
 
 def _chunks(items: list, size: int) -> list[list]:
