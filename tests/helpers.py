@@ -13,9 +13,9 @@ import numpy as np
 
 from tracerl.core.advantages import TreeAdvantages
 
-from tracerl.io.chat import ChatRenderer
-from tracerl.io.scripted_engine import ScriptedEngine
-from tracerl.io.tokenizer import train_tokenizer
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.scripted_engine import ScriptedEngine
+from tracerl.io.rollout.tokenizer import train_tokenizer
 
 
 def _build_seed() -> int:

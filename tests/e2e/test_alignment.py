@@ -7,7 +7,7 @@ import torch
 
 from helpers import trainer_for
 from tracerl.bench.alignment import AlignmentConfig, run, summarize, to_markdown
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 

@@ -13,7 +13,7 @@ import torch
 
 from helpers import trainer_for
 from tracerl.core.tree import Tree
-from tracerl.io.runlog import read_metrics, read_trees
+from tracerl.io.files.runlog import read_metrics, read_trees
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
@@ -195,7 +195,8 @@ def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tm
 def test_coupled_evaluation_reaches_the_engine_and_is_repeatable(tiny_overrides, tmp_path):
     """run.eval_coupled: the trainer's evaluation samples from per-question streams (other draws than the default's),
     and evaluating the same weights twice gives the same per-question results."""
-    plain = trainer_for(_config(tiny_overrides, tmp_path, "run.eval_prompts=8", "run.eval_samples=4")).evaluate(log=False)
+    plain = trainer_for(_config(tiny_overrides, tmp_path, "run.eval_prompts=8", "run.eval_samples=4"))
+    plain = plain.evaluate(log=False)
     coupled = trainer_for(_config(tiny_overrides, tmp_path / "c", "run.eval_prompts=8", "run.eval_samples=4",
                               "run.eval_coupled=true"))
     first, again = coupled.evaluate(log=False), coupled.evaluate(log=False)

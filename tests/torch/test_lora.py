@@ -17,7 +17,7 @@ from helpers import SMALL_EMBEDDED, small_trainer_overrides, trees_random_advant
 
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 from tracerl.train import checkpoint
 from tracerl.train.batch import RolloutBatch
 from tracerl.train.config import load_config

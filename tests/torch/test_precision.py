@@ -21,7 +21,7 @@ from helpers import small_trainer_overrides, trainer_for, trees_random_advantage
 
 from tracerl.engines.tiny import tiny_qwen3  # noqa: E402
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
-from tracerl.io.engine import SamplingParams  # noqa: E402
+from tracerl.io.rollout.engine import SamplingParams  # noqa: E402
 from tracerl.train.config import load_config  # noqa: E402
 from tracerl.train.loss import token_logprobs  # noqa: E402
 from tracerl.train.policy import autocast, compute_dtype, sampling_dtype  # noqa: E402

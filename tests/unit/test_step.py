@@ -122,7 +122,7 @@ def test_sampler_resumes_what_an_uninterrupted_sampler_samples():
     import json
 
     from tracerl.core.predictor import make_predictor
-    from tracerl.io.state import load_state, save_state
+    from tracerl.io.files.state import load_state, save_state
 
     for config in (CONFIG, replace(CONFIG, budget_unit="tokens", token_budget=9_000)):
         def sampler():

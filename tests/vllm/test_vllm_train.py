@@ -17,8 +17,8 @@ from helpers import TINY_POLICY as TINY, free_port
 from vllm_support import TOLERANCE, trainer_logprobs, vllm_server
 
 from tracerl.engines.openai_engine import OpenAIEngine
-from tracerl.io.engine import SamplingParams
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
+from tracerl.io.rollout.engine import SamplingParams
 from tracerl.train.config import load_config
 from tracerl.train.policy import load_policy
 from tracerl.train.trainer import Trainer, run_training

@@ -44,16 +44,16 @@ from tracerl.core.step import Sampler, StepResult
 from tracerl.core.tree import Tree
 from tracerl.engines import make_engine, torch_threads
 from tracerl.executors import make_runner
-from tracerl.io.boundary import listing
-from tracerl.io.driver import ReActDriver, check_prompt_lengths
-from tracerl.io.engine import SamplingParams
-from tracerl.io.run_folder import replacing, run_path
-from tracerl.io.runlog import METRICS_FILE, RunLog, run_lock, write_trees
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.run_folder import replacing, run_path
+from tracerl.io.files.runlog import METRICS_FILE, RunLog, run_lock, write_trees
+from tracerl.io.rollout.driver import ReActDriver, check_prompt_lengths
+from tracerl.io.rollout.engine import SamplingParams
+from tracerl.policy.embedded import run_provenance, write_provenance
+from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
-from tracerl.policy.embedded import run_provenance, write_provenance
-from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
 from tracerl.train.policy import (TrainPolicy, autocast, compute_dtype, load_policy, merged_state_dict,
                                   sampling_dtype, trainable_parameters)
@@ -134,7 +134,7 @@ class Trainer:
             return
         if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
             return
-        path = run_path(self.out, "sync", "weights.pt")  # never written through a symlink (tracerl.io.run_folder)
+        path = run_path(self.out, "sync", "weights.pt")  # never written through a symlink (tracerl.io.files.run_folder)
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path, fsync=False) as f:  # the server reads it now; a crash loses nothing of the run
             torch.save(merged_state_dict(self.model), f)
@@ -394,7 +394,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
 
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
     (it does not depend on the method), logged instead of evaluating again.
-    Raises `tracerl.io.runlog.RunInUse` while another process trains the same run directory.
+    Raises `tracerl.io.files.runlog.RunInUse` while another process trains the same run directory.
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
     with run_lock(config.out_dir()):  # RunInUse if another process trains this folder
         _check_run_dir(config, resume)  # under the lock: what another process did to the folder is done
@@ -502,7 +502,7 @@ def _check_run_dir(config: TrainConfig, resume: bool) -> None:
 
 
 def _existing_evals(trainer: Trainer) -> list[dict[str, Any]]:
-    from tracerl.io.runlog import read_metrics
+    from tracerl.io.files.runlog import read_metrics
 
     if not trainer.log.path.exists():
         return []
