@@ -9,7 +9,7 @@ Every call runs with all the layers this host gives (`tracerl.io.sandbox.run_pyt
 terms), and a program that raises (the traceback path). Per workload and number of callers at once (`--threads`):
 the median and p90 of `--calls` calls, each timed on its own.
 
-`--baseline REV` runs the same calls through the sandbox modules of git revision REV (src/tracerl/io/sandbox*.py,
+`--baseline REV` runs the same calls through the sandbox modules of git revision REV (src/tracerl/io/sandbox/,
 copied out and run in a second process), alternating blocks of 20 calls between the two so that a change in the
 machine's load falls on both. A column for this tree with a fresh interpreter per call (`_fresh=True`, the
 fallback without pidfds) comes last unless `--no-fresh`. `--layers` prints, for this tree, the median and p90 of each
@@ -93,11 +93,14 @@ class Baseline:
         package.mkdir(parents=True)
         for folder in (package.parent, package):
             (folder / "__init__.py").touch()
-        names = subprocess.run(["git", "ls-tree", "--name-only", rev, "src/tracerl/io/"], cwd=ROOT, check=True,
+        names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "src/tracerl/io/"], cwd=ROOT, check=True,
                                capture_output=True, text=True).stdout.split()
-        for name in (n for n in names if Path(n).name.startswith("sandbox")):
+        # io/sandbox*.py before io/ was split into rooms, io/sandbox/*.py after: either imports as tracerl.io.sandbox
+        for name in (n for n in names if n.removeprefix("src/tracerl/io/").startswith("sandbox")):
             text = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True).stdout
-            (package / Path(name).name).write_bytes(text)
+            target = package / name.removeprefix("src/tracerl/io/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(text)
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(self.folder)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 

@@ -1,5 +1,5 @@
 """What a tool call costs under each `UserTask.tool_isolation`, measured side by side in one run, and what a child
-forked for each call (the design `tracerl.io.user_code` did not take) would cost in the same process.
+forked for each call (the design `tracerl.io.env.user_code` did not take) would cost in the same process.
 
 A trivial tool (`echo`) is called through `UserTaskEnv.step`, as the driver calls it: with "process" the call goes to
 a long-lived worker process (killable at its deadline), with "thread" it runs in a thread of this process (not
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracerl.io.task import UserTask, UserTaskDomain, json_call
+from tracerl.io.env.task import UserTask, UserTaskDomain, json_call
 
 
 def echo(text: str) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tracerl.engines import torch_threads
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train import checkpoint
 from tracerl.train.config import load_config

@@ -20,7 +20,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from tracerl.io.runlog import read_trees
+from tracerl.io.files.runlog import read_trees
 from tracerl.train.config import load_config
 from tracerl.train.policy import load_policy
 

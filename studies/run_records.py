@@ -25,7 +25,7 @@ RECORDS is a folder or an archive, `runs.tar.xz` (this repository keeps each des
 makes an archive from a records folder. Packing is deterministic, so the same records give the same bytes: members
 in name order under `runs/`, mtime 0, uid and gid 0, no owner names, mode 644, no folder members; xz at preset 9.
 A run's trees are stored as their JSON (`trees/step-000001.json`, which xz compresses to half of what the gzip file
-does, across runs) and gzipped again when unpacked, so a run put back reads as it did (`tracerl.io.runlog`).
+does, across runs) and gzipped again when unpacked, so a run put back reads as it did (`tracerl.io.files.runlog`).
 
 `restore` copies the records back into a runs folder (a run folder already there must hold the same metrics) and
 the kept build into `--cache` (`$TRACERL_CACHE`); `pending` prints the seeds of `--seeds` not yet kept, as a list
@@ -56,7 +56,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tracerl.io.runlog import finished_run, read_metrics
+from tracerl.io.files.runlog import finished_run, read_metrics
 from tracerl.report.compare import seed_spans
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")

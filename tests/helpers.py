@@ -13,9 +13,9 @@ import numpy as np
 
 from tracerl.core.advantages import TreeAdvantages
 
-from tracerl.io.chat import ChatRenderer
-from tracerl.io.scripted_engine import ScriptedEngine
-from tracerl.io.tokenizer import train_tokenizer
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.scripted_engine import ScriptedEngine
+from tracerl.io.rollout.tokenizer import train_tokenizer
 
 
 def _build_seed() -> int:
@@ -95,6 +95,14 @@ def small_trainer_overrides(cache_dir, *more: str) -> list[str]:
             "allocation.m_max=4", "run.eval_prompts=2", "run.eval_samples=1", "run.num_threads=1",
             "run.progress=false", "run.tensorboard=false", "run.save_trees=false", "method=grpo",
             "optim.kl_coef=0.05", "optim.lr=0.05", *more]
+
+
+def trainer_for(config, say=None):
+    """A `Trainer` of `config` on its policy, built (or loaded from the cache) first, as `tracerl train` does."""
+    from tracerl.train.policy import load_policy
+    from tracerl.train.trainer import Trainer
+
+    return Trainer(config, load_policy(config), say=say)
 
 
 def trees_random_advantages(method, trees, config) -> list[TreeAdvantages]:

@@ -187,7 +187,7 @@ def run_transformers(model_dir: str, cfg, args: argparse.Namespace) -> tuple[dic
 
     from tracerl.bench.engine import run_workload
     from tracerl.engines.transformers_engine import TransformersEngine
-    from tracerl.io.engine import SamplingParams
+    from tracerl.io.rollout.engine import SamplingParams
     from tracerl.train.policy import compute_dtype
 
     compute = compute_dtype(args.precision)  # as policy.precision maps it
@@ -260,7 +260,7 @@ def run_server(base_url: str, cfg, args: argparse.Namespace, longest: int) -> tu
 
     from tracerl.bench.engine import run_workload
     from tracerl.engines.openai_engine import OpenAIEngine
-    from tracerl.io.engine import SamplingParams
+    from tracerl.io.rollout.engine import SamplingParams
 
     base_url = base_url.rstrip("/").removesuffix("/v1")
     with httpx.Client() as client:

@@ -63,7 +63,7 @@ def smoke_tokenizer(seed: int = 0):
     """A byte-level BPE tokenizer with tracerl's chat template, trained on 64 math training questions and tool-call
     snippets (vocabulary ~600), so the math domain's prompts encode to a few hundred tokens."""
     from tracerl.io.domains.math import SYSTEM_PROMPT, MathDomain
-    from tracerl.io.tokenizer import train_tokenizer
+    from tracerl.io.rollout.tokenizer import train_tokenizer
 
     rows = MathDomain().rows("train", 64, seed=seed)
     texts = [m["content"] for r in rows for m in r["prompt"]] + [SYSTEM_PROMPT] * 4

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from tracerl.train.config import load_config
+    from tracerl.train.policy import load_policy
     from tracerl.train.trainer import Trainer
 
     check_device(args.device)
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
             raise SystemExit(f"train_step_math: {err}") from None
         t0 = time.perf_counter()
         try:
-            trainer = Trainer(config)
+            trainer = Trainer(config, load_policy(config))
         except ValueError as err:  # a model that does not load, a domain without its extra: the message names the fix
             raise SystemExit(f"train_step_math: {err}") from None
         build_seconds = time.perf_counter() - t0

@@ -17,7 +17,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from tracerl.io.task import UserTask, tool
+from tracerl.io.env.task import UserTask, tool
 
 HERE = Path(__file__).parent
 PRICES = {"apple": 3, "pear": 4, "lemon": 2, "melon": 9, "plum": 5, "mango": 7, "grape": 6, "peach": 8}

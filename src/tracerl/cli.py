@@ -139,7 +139,7 @@ def _with_sets(cfg, sets: list[str] | None):
     """A bench config with `--set key=value` overrides applied, checked as `tracerl train` checks its own."""
     if not sets:
         return cfg
-    from tracerl.io.config import apply_overrides, from_dict, to_dict
+    from tracerl.io.files.config import apply_overrides, from_dict, to_dict
 
     return from_dict(type(cfg), apply_overrides(to_dict(cfg), sets), where="")
 
@@ -199,7 +199,7 @@ def _train(args: argparse.Namespace) -> int:
 def _report_faults(run_dir) -> int:
     """Print the run's reward failures (they are failed leaves, easy to mistake for a policy that learned nothing);
     exit status 1 when every reward call failed."""
-    from tracerl.io.runlog import read_metrics
+    from tracerl.io.files.runlog import read_metrics
     from tracerl.report.run_report import fault_counts, fault_lines
 
     counts = fault_counts(read_metrics(run_dir))
@@ -215,13 +215,14 @@ def _report_faults(run_dir) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from tracerl.train.checkpoint import saved_config
+    from tracerl.train.policy import load_policy
     from tracerl.train.trainer import Trainer, format_eval
 
     if not args.config and args.out:  # the run's own config: a checkpoint loads only beside it
         args.config = saved_config(args.out, needed=args.checkpoint)
     args.set = [*(args.set or []), "run.tensorboard=false"]
     config = _train_config(args)
-    trainer = Trainer(config, say=_say)
+    trainer = Trainer(config, load_policy(config, _say), say=_say)
     if args.checkpoint and not trainer.resume():
         raise ValueError(f"{config.out_dir()} has no checkpoint; train first or drop --checkpoint")
     from tracerl.engines import torch_threads
@@ -585,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tracerl.io.runlog import RunInUse
+    from tracerl.io.files.runlog import RunInUse
 
     args = build_parser().parse_args(argv)
     try:

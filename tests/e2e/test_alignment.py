@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
+from helpers import trainer_for
 from tracerl.bench.alignment import AlignmentConfig, run, summarize, to_markdown
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
 from tracerl.train.config import load_config
-from tracerl.train.trainer import Trainer, run_training
+from tracerl.train.trainer import run_training
 
 
 def _sets(tiny_overrides, run_dir, steps):
@@ -36,7 +37,7 @@ def test_a_draw_is_the_step_the_run_takes_next(tiny_overrides, tmp_path):
     assert result["step"] == 2 and -1 <= result["reference_halves_cos"] <= 1
 
     run_training(load_config(None, _sets(tiny_overrides, run_dir, 3)), resume=True)  # the step the draws imitate
-    names = [name for name, _ in Trainer(load_config(None, _sets(tiny_overrides, tmp_path / "x", 1))).model
+    names = [name for name, _ in trainer_for(load_config(None, _sets(tiny_overrides, tmp_path / "x", 1))).model
              .named_parameters()]  # tied weights once, as the trainer's parameters hold them
     before, after = (torch.load(run_dir / "checkpoints" / f"step-00000{s}" / "model.pt", weights_only=True)
                      for s in (2, 3))

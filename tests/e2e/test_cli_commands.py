@@ -236,7 +236,7 @@ def model_dir(tiny_overrides, tmp_path_factory):
 
 
 BROKEN_TASK = """
-from tracerl.io.task import UserTask
+from tracerl.io.env.task import UserTask
 
 
 def search(query: str) -> str:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tracerl.io.runlog import read_metrics
-from tracerl.io.runlog import RunLog, run_lock
+from tracerl.io.files.runlog import read_metrics
+from tracerl.io.files.runlog import RunLog, run_lock
 from tracerl.train.compare import _train_one, compare_status, format_seeds, parse_seeds, run_compare
 from tracerl.train.config import load_config
 

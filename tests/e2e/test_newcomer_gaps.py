@@ -149,7 +149,7 @@ def test_report_says_why_a_selecting_methods_training_success_is_not_the_policys
 
 @pytest.mark.slow
 def test_saved_trees_hold_the_fields_docs_training_md_lists(trained):
-    from tracerl.io.runlog import read_trees
+    from tracerl.io.files.runlog import read_trees
 
     text = (ROOT / "docs" / "training.md").read_text()
     section = text.split("## Saved trees", 1)[1].split("\n## ", 1)[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import BUILD_SEED
 
-from tracerl.io.runlog import read_metrics, read_trees
+from tracerl.io.files.runlog import read_metrics, read_trees
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import trainer_for
 from tracerl.core.tree import Tree
-from tracerl.io.runlog import read_metrics, read_trees
+from tracerl.io.files.runlog import read_metrics, read_trees
 from tracerl.train.config import load_config
-from tracerl.train.trainer import Trainer, run_training
+from tracerl.train.trainer import run_training
 
 
 def _config(overrides, tmp_path, *more):
@@ -24,7 +25,7 @@ def _config(overrides, tmp_path, *more):
 @pytest.mark.parametrize("method", ["grpo", "pcl", "treepo", "trace"])
 def test_steps_of_every_method_train_and_log(tiny_overrides, tmp_path, method):
     config = _config(tiny_overrides, tmp_path, f"method={method}", "run.num_steps=2")
-    trainer = Trainer(config)
+    trainer = trainer_for(config)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     rows = [trainer.train_step() for _ in range(config.run.num_steps)]
     assert all(row["rollout/units"] <= config.allocation.budget for row in rows)
@@ -122,10 +123,33 @@ def test_resume_after_sigkill_gives_the_same_metrics(tiny_overrides, tmp_path):
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
+def test_the_trainer_takes_a_built_policy_and_builds_nothing(tiny_overrides, tmp_path, monkeypatch):
+    """Building the policy is the caller's step (`load_policy`); the trainer trains the model it is given, and its KL
+    reference is a frozen copy of those weights, not a second build or load."""
+    import tracerl.policy.embedded as embedded
+    from tracerl.train.policy import load_policy
+    from tracerl.train.trainer import Trainer
+
+    config = _config(tiny_overrides, tmp_path, "optim.kl_coef=0.05")
+    policy = load_policy(config)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the trainer built or loaded a policy of its own")
+
+    monkeypatch.setattr(embedded, "build_embedded", refused)
+    monkeypatch.setattr(embedded, "load_embedded", refused)
+    trainer = Trainer(config, policy)
+    assert trainer.model is policy.model and trainer.ref_model is not None
+    ref = dict(trainer.ref_model.named_parameters())
+    assert all(torch.equal(p, ref[n]) and p.data_ptr() != ref[n].data_ptr() and not ref[n].requires_grad
+               for n, p in trainer.model.named_parameters()), "the reference is not a frozen copy of the weights given"
+    trainer.close()
+
+
 def test_every_step_samples_from_an_empty_kv_store(tiny_overrides, tmp_path):
     """What a resumed step starts from, so a step kept whole and a step after a resume compute alike: a step whose
     update left the weights unchanged would otherwise hand its store to the next one."""
-    trainer = Trainer(_config(tiny_overrides, tmp_path, "method=trace"))
+    trainer = trainer_for(_config(tiny_overrides, tmp_path, "method=trace"))
     seen, generate = [], trainer.engine.generate
 
     def recording(*args, **kwargs):
@@ -144,7 +168,7 @@ def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tm
     from dataclasses import replace
 
     config = _config(tiny_overrides, tmp_path, "method=trace", "optim.grad_clip=0")
-    trainer = Trainer(config)
+    trainer = trainer_for(config)
     update = trainer.update_policy
     captured = {}
     trainer.update_policy = lambda trees, advantages: captured.update(trees=trees, advantages=advantages) or {}
@@ -171,8 +195,9 @@ def test_micro_batches_and_packing_do_not_change_the_gradient(tiny_overrides, tm
 def test_coupled_evaluation_reaches_the_engine_and_is_repeatable(tiny_overrides, tmp_path):
     """run.eval_coupled: the trainer's evaluation samples from per-question streams (other draws than the default's),
     and evaluating the same weights twice gives the same per-question results."""
-    plain = Trainer(_config(tiny_overrides, tmp_path, "run.eval_prompts=8", "run.eval_samples=4")).evaluate(log=False)
-    coupled = Trainer(_config(tiny_overrides, tmp_path / "c", "run.eval_prompts=8", "run.eval_samples=4",
+    plain = trainer_for(_config(tiny_overrides, tmp_path, "run.eval_prompts=8", "run.eval_samples=4"))
+    plain = plain.evaluate(log=False)
+    coupled = trainer_for(_config(tiny_overrides, tmp_path / "c", "run.eval_prompts=8", "run.eval_samples=4",
                               "run.eval_coupled=true"))
     first, again = coupled.evaluate(log=False), coupled.evaluate(log=False)
     assert first["eval/per_prompt"] == again["eval/per_prompt"]

@@ -142,7 +142,7 @@ def test_cuda_without_a_gpu_fails_at_load_and_a_resume_may_change_the_device(mon
 
 def test_a_saved_config_parses_on_a_machine_that_cannot_run_it(monkeypatch):
     """Schema checks are separate from machine checks: Ray, CUDA, peft and the model are checked only to run."""
-    from tracerl.io.config import from_dict
+    from tracerl.io.files.config import from_dict
     from tracerl.train import config as config_module
 
     monkeypatch.setattr(config_module, "_has_ray", lambda: False)

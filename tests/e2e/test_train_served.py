@@ -10,7 +10,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
 from tracerl.policy.embedded import EmbeddedConfig, build_embedded, load_embedded
 from tracerl.serve.app import create_app
 from tracerl.train.config import load_config

@@ -21,7 +21,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
-    from tracerl.io.tokenizer import train_tokenizer
+    from tracerl.io.rollout.tokenizer import train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer(TEXTS + ["good bad outcome"] * 3, vocab_size=400).save_pretrained(path)

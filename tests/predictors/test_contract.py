@@ -9,7 +9,7 @@ import pytest
 
 from tracerl.core.history import History
 from tracerl.core.predictor import P_MAX, P_MIN, HashedLogisticPredictor, make_predictor, weighted_bce
-from tracerl.io.state import load_predictor, load_state, save_predictor, save_state
+from tracerl.io.files.state import load_predictor, load_state, save_predictor, save_state
 
 NAMES = ("minilm_head", "lm_value")
 

@@ -8,7 +8,7 @@ import torch
 
 from tracerl.core.history import History
 from tracerl.core.predictor import make_predictor
-from tracerl.io.state import load_state, save_state
+from tracerl.io.files.state import load_state, save_state
 from tracerl.predictors.lm_value import last_token_state
 
 

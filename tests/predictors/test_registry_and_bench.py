@@ -44,7 +44,7 @@ def test_bench_replays_a_runs_saved_trees(tmp_path):
     from tracerl.core.growth import grow_trees
     from tracerl.core.methods import get_method
     from tracerl.core.simulator import Simulator
-    from tracerl.io.runlog import write_trees
+    from tracerl.io.files.runlog import write_trees
 
     cfg = PredictorBenchConfig(num_steps=2)
     sim, alloc = Simulator(cfg.sim, seed=0), cfg.allocation

@@ -18,8 +18,8 @@ import ray  # noqa: E402
 
 from tracerl.engines.openai_engine import OpenAIEngine  # noqa: E402
 from tracerl.executors import RayRolloutRunner, partition, worker_seed  # noqa: E402
-from tracerl.io.driver import ReActDriver  # noqa: E402
-from tracerl.io.engine import SamplingParams  # noqa: E402
+from tracerl.io.rollout.driver import ReActDriver  # noqa: E402
+from tracerl.io.rollout.engine import SamplingParams  # noqa: E402
 
 SEED = 7
 COUNTS = [3, 2, 2, 1, 2]

@@ -26,7 +26,7 @@ from serve_support import thread_server  # noqa: E402
 
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
 from tracerl.executors.ray_runner import WORKER_COUNTERS  # noqa: E402
-from tracerl.io.runlog import read_metrics, read_trees  # noqa: E402
+from tracerl.io.files.runlog import read_metrics, read_trees  # noqa: E402
 from tracerl.policy.embedded import load_embedded  # noqa: E402
 from tracerl.serve.app import create_app  # noqa: E402
 from tracerl.train import checkpoint, config as config_module  # noqa: E402

@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 @contextmanager
 def nobody_copy(files: Sequence[str], prefix: str) -> Iterator[tuple[Path, Path]]:
-    """(code, host_tmp): `code` holds the sandbox modules under their own names (tracerl/io/sandbox*.py) and `files`
+    """(code, host_tmp): `code` holds the sandbox package under its own name (tracerl/io/sandbox/) and `files`
     (names in this folder), readable by all; `host_tmp` is a world-writable temporary folder for the probe's TMPDIR.
     Both are removed afterwards."""
     code = Path(tempfile.mkdtemp(prefix=f"{prefix}-code-"))
@@ -30,8 +30,9 @@ def nobody_copy(files: Sequence[str], prefix: str) -> Iterator[tuple[Path, Path]
         for folder in (package.parent, package):
             (folder / "__init__.py").touch()
             os.chmod(folder, 0o755)
-        for source in Path(sandbox.__file__).parent.glob("sandbox*.py"):
-            shutil.copy(source, package / source.name)
+        shutil.copytree(Path(sandbox.__file__).parent, package / "sandbox",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        os.chmod(package / "sandbox", 0o755)
         for name in files:
             shutil.copy(HERE / name, code / name)
         os.chmod(code, 0o755)

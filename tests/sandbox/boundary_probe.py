@@ -3,7 +3,7 @@ JSON object: the layers, and per program (with every layer on, then with the aud
 wall-clock span of its call, so that the root test can match its lock watcher's refusals to a program. Started by
 test_sandbox_boundaries.py under setpriv; stdlib only.
 
-argv: <folder holding tracerl/io/sandbox*.py, alone> <folder holding boundaries.py> <targets folder>"""
+argv: <folder holding tracerl/io/sandbox/, alone> <folder holding boundaries.py> <targets folder>"""
 
 import json
 import sys

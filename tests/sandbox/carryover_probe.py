@@ -2,7 +2,7 @@
 user and print one JSON object: per LOOK program, what it printed before and after LEAVE ran, and the layers. Started
 by test_sandbox_nonroot.py under setpriv; stdlib only.
 
-argv: <folder holding tracerl/io/sandbox*.py, alone> <folder holding carryover.py>"""
+argv: <folder holding tracerl/io/sandbox/, alone> <folder holding carryover.py>"""
 
 import json
 import sys

@@ -2,7 +2,7 @@
 JSON object: per program, whether it was contained, with every layer on and with the audit hook off; and whether a
 thread hog in one sandbox starves another. Started by test_sandbox_nonroot.py under setpriv; stdlib only.
 
-argv: <folder holding tracerl/io/sandbox.py and tracerl/io/sandbox_child.py, alone> <folder holding hostile.py>"""
+argv: <folder holding tracerl/io/sandbox/, alone> <folder holding hostile.py>"""
 
 import json
 import os

@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("reasoning_gym")
 
-from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.growth import grow_trees  # noqa: E402
+from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.methods import AllocationConfig, get_method  # noqa: E402
 from tracerl.io.domains.math import MathDomain  # noqa: E402
-from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver  # noqa: E402
 from tracerl.io.sandbox import SandboxLimits  # noqa: E402
 
 from helpers import expert_engine, make_renderer  # noqa: E402

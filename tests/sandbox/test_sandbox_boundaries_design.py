@@ -18,9 +18,9 @@ from test_sandbox_hardening import ALLOW, EPERM, run_filter, sandbox_child
 
 from tracerl.io import sandbox
 from tracerl.io.sandbox import SandboxLimits, run_python
-from tracerl.io.sandbox_output import Capture, wait_and_drain
-from tracerl.io.sandbox_syscalls import AUDIT_ARCH, BY_ARGUMENT, seccomp_table
-from tracerl.io.sandbox_view import hidden_entries, other_accessible, read_view
+from tracerl.io.sandbox.output import Capture, wait_and_drain
+from tracerl.io.sandbox.syscalls import AUDIT_ARCH, BY_ARGUMENT, seccomp_table
+from tracerl.io.sandbox.view import hidden_entries, other_accessible, read_view
 
 PATIENT = SandboxLimits(wall_seconds=60.0)  # calls that end by themselves: no loaded machine nears this clock
 

@@ -23,9 +23,10 @@ import pytest
 from hostile import HARDENING, NEEDS_THREADS, THREAD_HOG, Host
 from test_sandbox import PATIENT, assert_contained, leftovers, seconds_past_the_limit, spawned  # noqa: F401 (fixture)
 
-from tracerl.io import sandbox, sandbox_cgroups
+from tracerl.io import sandbox
 from tracerl.io.sandbox import LAYERS, SandboxLimits, run_python
-from tracerl.io.sandbox_syscalls import ALLOWED, AUDIT_ARCH, BY_ARGUMENT, seccomp_table
+import tracerl.io.sandbox.cgroups as sandbox_cgroups
+from tracerl.io.sandbox.syscalls import ALLOWED, AUDIT_ARCH, BY_ARGUMENT, seccomp_table
 
 
 def snapshot(path: str) -> dict[str, tuple[int, int]]:
@@ -330,7 +331,7 @@ def sandbox_child():
     if child is None:
         import importlib.util
         spec = importlib.util.spec_from_file_location("tracerl_sandbox_child",
-                                                      Path(sandbox.__file__).with_name("sandbox_child.py"))
+                                                      Path(sandbox.__file__).with_name("child.py"))
         child = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(child)
         sys.modules["tracerl_sandbox_child"] = child

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.io import sandbox_cgroups, sandbox_pool
-from tracerl.io.sandbox_pool import DEPTH, CgroupPool
+import tracerl.io.sandbox.cgroups as sandbox_cgroups
+import tracerl.io.sandbox.pool as sandbox_pool
+from tracerl.io.sandbox.pool import DEPTH, CgroupPool
 
 SMALL, BIG = (100, 20, 12), (512, 64, 64)
 

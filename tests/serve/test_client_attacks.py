@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, max_tokens=2, seed=0)
 GOOD = json.dumps({"choices": [{"index": 0, "token_ids": [3, 4], "finish_reason": "length",

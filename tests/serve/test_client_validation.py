@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, max_tokens=2, seed=0, stop_token_ids=(9,))
 

@@ -13,7 +13,7 @@ from serve_support import VOCAB
 
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 

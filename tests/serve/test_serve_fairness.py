@@ -78,7 +78,7 @@ def test_small_request_is_not_starved_and_a_gone_client_frees_the_engine(process
 def test_health_counts_the_request_whose_slice_is_running():
     """`requests_in_progress` is `Scheduler.num_jobs`: the request the engine thread works on has left the queue
     but is not answered, and counts (it did not, so a lone large request read as 0 in progress)."""
-    from tracerl.io.engine import Completion, SamplingParams
+    from tracerl.io.rollout.engine import Completion, SamplingParams
     from tracerl.serve import ServeLimits
     from tracerl.serve.scheduler import Scheduler
 

@@ -10,7 +10,7 @@ import pytest
 from serve_support import START_S, BadServer, canned_ids, free_port, start_server_process, stop_process
 
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, max_tokens=2, seed=0)
 

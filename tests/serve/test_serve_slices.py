@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.rollout.engine import Completion, SamplingParams
 
 HANG_S = 120.0  # a deadline that only keeps a wait from hanging for ever: generous for a loaded machine
 

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from tracerl.bench.engine import EngineBenchConfig, engine_flops, flops_per_token, kv_read_bytes, run, to_markdown
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 VOCAB = 256
 

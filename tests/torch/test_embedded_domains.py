@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from tracerl.io.domains import make_domain
 from tracerl.io.domains.funcall import FuncallDomain
-from tracerl.io.tokenizer import train_tokenizer
+from tracerl.io.rollout.tokenizer import train_tokenizer
 from tracerl.policy import embedded
 from tracerl.policy.embedded import EmbeddedConfig, build_embedded, expert_episode, warmup_seed
 from tracerl.train.config import load_config

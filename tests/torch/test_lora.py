@@ -17,7 +17,7 @@ from helpers import SMALL_EMBEDDED, small_trainer_overrides, trees_random_advant
 
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 from tracerl.train import checkpoint
 from tracerl.train.batch import RolloutBatch
 from tracerl.train.config import load_config
@@ -185,7 +185,7 @@ def test_a_lora_run_trains_only_the_adapters_and_resumes_exactly(small_policy, t
 
     monkeypatch.setattr(step_module, "compute_advantages", trees_random_advantages)  # the step computes them
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
-    trainer = Trainer(config)
+    trainer = Trainer(config, load_policy(config))
     assert trainer.device == resolve_device("auto") and trainer.ref_model is None, "LoRA needs no second model for KL"
     assert trainer.engine.model is trainer.model, "the engine must sample the model being trained"
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -204,7 +204,7 @@ def test_a_lora_run_trains_only_the_adapters_and_resumes_exactly(small_policy, t
     second = trainer.train_step()
     assert second["train/kl_ref"] > 0, "after an update the policy differs from its reference"
 
-    resumed = Trainer(config)
+    resumed = Trainer(config, load_policy(config))
     assert resumed.resume() and resumed.step == 1
     again = resumed.train_step()
     assert _comparable(again) == _comparable(second)
@@ -242,7 +242,7 @@ def test_sync_sends_merged_weights_a_plain_server_loads(small_policy, tmp_path):
 
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}", "policy.engine=openai",
                                 "policy.base_url=http://127.0.0.1:9"])
-    trainer = Trainer(config)
+    trainer = Trainer(config, load_policy(config))
     move_adapters(trainer.model)
     served = load_policy(load_config(None, small_policy[:2])).model  # the server's plain copy of the base
     answers = []

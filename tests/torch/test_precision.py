@@ -17,11 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from helpers import small_trainer_overrides, trees_random_advantages  # noqa: E402
+from helpers import small_trainer_overrides, trainer_for, trees_random_advantages  # noqa: E402
 
 from tracerl.engines.tiny import tiny_qwen3  # noqa: E402
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
-from tracerl.io.engine import SamplingParams  # noqa: E402
+from tracerl.io.rollout.engine import SamplingParams  # noqa: E402
 from tracerl.train.config import load_config  # noqa: E402
 from tracerl.train.loss import token_logprobs  # noqa: E402
 from tracerl.train.policy import autocast, compute_dtype, sampling_dtype  # noqa: E402
@@ -106,12 +106,11 @@ def _comparable(row):
 def test_a_bfloat16_step_keeps_float32_state_moves_the_weights_and_resumes_exactly(small_policy, tmp_path,
                                                                                      monkeypatch):
     from tracerl.core import step as step_module
-    from tracerl.train.trainer import Trainer
 
     monkeypatch.setattr(step_module, "compute_advantages", trees_random_advantages)  # the step computes them
 
     config = load_config(None, [*small_policy, f"run.out_dir={tmp_path / 'run'}"])
-    trainer = Trainer(config)
+    trainer = trainer_for(config)
     assert trainer.engine.runner is trainer.model, "on a CPU the trainer's engine samples the float32 model itself"
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     first = trainer.train_step()
@@ -122,7 +121,7 @@ def test_a_bfloat16_step_keeps_float32_state_moves_the_weights_and_resumes_exact
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters()), "nothing moved"
     trainer.save()
     second = trainer.train_step()
-    resumed = Trainer(config)
+    resumed = trainer_for(config)
     assert resumed.resume() and resumed.step == 1
     assert _comparable(resumed.train_step()) == _comparable(second)
     for (name, want), got in zip(trainer.model.state_dict().items(), resumed.model.state_dict().values()):

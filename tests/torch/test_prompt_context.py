@@ -7,11 +7,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from helpers import make_renderer  # noqa: E402
+from helpers import make_renderer, trainer_for  # noqa: E402
 
 from tracerl.engines.tiny import tiny_qwen3  # noqa: E402
 from tracerl.train.config import load_config  # noqa: E402
-from tracerl.train.trainer import Trainer  # noqa: E402
 
 
 def _rows_file(path, questions):
@@ -42,11 +41,11 @@ def test_the_trainer_refuses_a_row_longer_than_the_context(model_dir, tmp_path, 
     long = _rows_file(tmp_path / "long.jsonl", ["What is 2+2?", "why " * 3000])
     train, test = (long, short) if split == "train" else (short, long)
     with pytest.raises(ValueError, match=rf"(?s){split} row 2\b.*256 positions"):
-        Trainer(_config(model_dir, tmp_path, train, test))
+        trainer_for(_config(model_dir, tmp_path, train, test))
 
 
 def test_the_trainer_loads_rows_that_fit(model_dir, tmp_path):
     short = _rows_file(tmp_path / "short.jsonl", ["What is 2+2?"] * 2)
-    trainer = Trainer(_config(model_dir, tmp_path, short, short))
+    trainer = trainer_for(_config(model_dir, tmp_path, short, short))
     assert len(trainer.train_rows) == 2
     trainer.close()

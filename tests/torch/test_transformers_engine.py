@@ -18,7 +18,7 @@ from engine_contract import (check_rows_max_tokens_and_length_finish, check_stop
 from tracerl.engines import make_engine
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine, sample_next
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 VOCAB = 256
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)

@@ -1,4 +1,4 @@
-"""The two helpers every boundary uses (tracerl.io.boundary): one strict ASCII integer parser for every number read
+"""The two helpers every boundary uses (tracerl.io.files.boundary): one strict ASCII integer parser for every number read
 from a peer, and one bounded listing for every error that names keys a file or a peer chose.
 
 The attacker's side: a number a server or client writes may be any text: Unicode digits that `str.isdigit` accepts
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracerl.io.boundary import listing, parse_int
+from tracerl.io.files.boundary import listing, parse_int
 
 
 class PeerError(Exception):

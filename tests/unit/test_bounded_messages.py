@@ -1,5 +1,5 @@
 """An error that names keys a file, a row or the model chose stays a few hundred characters, whatever it is given: the
-first few keys, then "and N more" (every listing goes through `tracerl.io.boundary.listing`).
+first few keys, then "and N more" (every listing goes through `tracerl.io.files.boundary.listing`).
 
 The attacker's side: a config file, an override, a row or a tool call with a hundred thousand unknown keys; a JSON
 file that repeats a hundred thousand keys. Before, each listed every key: a megabyte of message in a log, a
@@ -28,7 +28,7 @@ def assert_bounded(text: str, *words: str) -> None:
 def test_unknown_config_keys():
     from dataclasses import dataclass
 
-    from tracerl.io.config import from_dict
+    from tracerl.io.files.config import from_dict
 
     @dataclass(frozen=True)
     class Small:
@@ -40,7 +40,7 @@ def test_unknown_config_keys():
 
 
 def test_repeated_keys_in_a_json_config(tmp_path):
-    from tracerl.io.config import load_file
+    from tracerl.io.files.config import load_file
 
     path = tmp_path / "repeated.json"
     pairs = ",".join(f'"{i:x}": 0, "{i:x}": 0' for i in range(MANY // 2))
@@ -67,7 +67,7 @@ def test_unknown_embedded_config_fields():
 
 
 def test_a_row_message_with_many_keys(tmp_path):
-    from tracerl.io.task import load_rows
+    from tracerl.io.env.task import load_rows
 
     message = {"role": "user", "content": "q?", **keys()}
     row = {"data_source": "d", "prompt": [message], "reward_model": {"ground_truth": "4"}, "extra_info": {}}
@@ -78,7 +78,7 @@ def test_a_row_message_with_many_keys(tmp_path):
 
 
 def test_a_tool_call_with_many_unknown_arguments_is_a_short_observation():
-    from tracerl.io.actions import Tool, check_arguments
+    from tracerl.io.env.actions import Tool, check_arguments
 
     tool = Tool("search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}},
                 lambda query: query)

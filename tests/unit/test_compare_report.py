@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tracerl.io.runlog import RunLog
+from tracerl.io.files.runlog import RunLog
 from tracerl.report.compare import complete_seeds, run_dir_name, summarize, to_markdown, write_report
 
 pytest.importorskip("matplotlib")
@@ -111,7 +111,7 @@ def test_markdown_shows_the_paired_intervals(tmp_path):
 
 def test_runs_logged_without_informative_measures_get_them_from_their_saved_trees(tmp_path):
     from tracerl.core.tree import Segment, Tree
-    from tracerl.io.runlog import write_trees
+    from tracerl.io.files.runlog import write_trees
     from tracerl.report.compare import load_run
 
     run_dir = tmp_path / run_dir_name("grpo", 0)

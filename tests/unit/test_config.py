@@ -1,11 +1,11 @@
-"""Typed configs from files and --set overrides (tracerl.io.config)."""
+"""Typed configs from files and --set overrides (tracerl.io.files.config)."""
 
 from dataclasses import dataclass, field
 
 import pytest
 
 from tracerl.core.methods import AllocationConfig
-from tracerl.io.config import apply_overrides, from_dict, load_file, parse_override, to_dict
+from tracerl.io.files.config import apply_overrides, from_dict, load_file, parse_override, to_dict
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def test_a_knob_in_a_toml_file_keeps_its_range_in_the_message(tmp_path):
 
 
 def test_template_names_come_from_the_default():
-    from tracerl.io.config import template_names
+    from tracerl.io.files.config import template_names
 
     assert template_names("runs/{method}-seed{seed}") == ("method", "seed")
     assert template_names("plain") == () and template_names("{") == () and template_names(None) == ()

@@ -1,11 +1,11 @@
-"""Coupled sampling's streams (`tracerl.io.engine.stream_key`, `stream_uniforms`) and how the driver keys them:
+"""Coupled sampling's streams (`tracerl.io.rollout.engine.stream_key`, `stream_uniforms`) and how the driver keys them:
 one stream per rollout and turn, never shared by two rollouts, never depending on how calls were batched."""
 
 import numpy as np
 import pytest
 
-from tracerl.io.driver import DriverLimits, ReActDriver
-from tracerl.io.engine import SamplingParams, stream_key, stream_uniforms
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver
+from tracerl.io.rollout.engine import SamplingParams, stream_key, stream_uniforms
 
 
 def test_stream_keys_are_stable_and_order_sensitive():

@@ -7,13 +7,13 @@ from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
-from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.growth import grow_trees  # noqa: E402
+from tracerl.core.ledger import make_prices  # noqa: E402
 from tracerl.core.methods import AllocationConfig, get_method  # noqa: E402
 from tracerl.io.domains.funcall import FuncallDomain, FuncallEnv  # noqa: E402
 from tracerl.io.domains.multihop import MultiHopDomain  # noqa: E402
-from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
-from tracerl.io.scripted_engine import ScriptedEngine  # noqa: E402
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver  # noqa: E402
+from tracerl.io.rollout.scripted_engine import ScriptedEngine  # noqa: E402
 
 from helpers import expert_engine, make_renderer  # noqa: E402
 

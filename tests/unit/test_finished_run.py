@@ -4,7 +4,7 @@ None when no config was saved, False for anything missing, torn or cut short."""
 
 import json
 
-from tracerl.io.runlog import finished_run
+from tracerl.io.files.runlog import finished_run
 
 
 def _run(tmp_path, rows, run_config=None, name="trace-seed0"):

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tracerl.io.actions import parse_action  # noqa: E402
 from tracerl.io.domains.funcall import FuncallDomain  # noqa: E402
 from tracerl.io.domains.math import MathDomain, numeric_match, parse_number  # noqa: E402
 from tracerl.io.domains.multihop import MultiHopDomain  # noqa: E402
-from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
-from tracerl.io.scripted_engine import ScriptedEngine  # noqa: E402
+from tracerl.io.env.actions import parse_action  # noqa: E402
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver  # noqa: E402
+from tracerl.io.rollout.scripted_engine import ScriptedEngine  # noqa: E402
 
 from helpers import make_renderer  # noqa: E402
 

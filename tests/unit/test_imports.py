@@ -157,7 +157,7 @@ NAME = re.compile(r"tracerl(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_][\w.]*)?")
 
 
 def is_module_path(name: str) -> bool:
-    """Whether `name` starts with a tracerl module ("tracerl.io.task..."), not a config key ("tracerl.domain")."""
+    """Whether `name` starts with a tracerl module ("tracerl.io.env.task..."), not a config key ("tracerl.domain")."""
     return ".".join(name.split(":")[0].split(".")[:2]) in PATHS
 
 

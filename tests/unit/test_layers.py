@@ -1,7 +1,7 @@
 """The layers of docs/design.md (section 4): every package imports only its own layer and those below it, checked on
 the source (an AST walk over every module, imports inside functions included), and core and io import without
-torch. Also the rooms of the step: no import circle, nothing registered into a tracerl registry on import, and no
-module but core/ledger.py reads what a rollout costs."""
+torch; inside io, each room imports only itself and the rooms below it. Also the rooms of the step: no import circle,
+nothing registered into a tracerl registry on import, and no module but core/ledger.py reads what a rollout costs."""
 
 import ast
 import pathlib
@@ -22,6 +22,9 @@ RANKS = {
     "bench": 6, "integrations": 6,
     "cli": 7, "__init__": 7,
 }
+# io's rooms (docs/design.md, section 4) -> rank inside io: a module of io may import io modules of its own room's rank
+# or below. files and the sandbox stand on nothing else in io; env on files; domains and rollout on env (and below).
+IO_ROOMS = {"files": 0, "sandbox": 0, "env": 1, "domains": 2, "rollout": 2}
 # (importing module, imported module prefix) pairs allowed against the ranks, each with its reason (none today:
 # `tracerl compare` trains in tracerl.train.compare, and tracerl.report.compare only reads run directories)
 EXEMPT: dict[tuple[str, str], str] = {}
@@ -59,7 +62,17 @@ def rank(module: str) -> int:
     return RANKS[top]
 
 
-def test_every_package_imports_only_its_layer_and_below():
+def io_room(module: str) -> int:
+    """The rank of an io module's room (`tracerl.io` itself, the package's docstring, ranks above them all)."""
+    parts = module.split(".")
+    if len(parts) < 3:
+        return max(IO_ROOMS.values()) + 1
+    assert parts[2] in IO_ROOMS, f"{module}: io room {parts[2]!r} has no rank; add it to IO_ROOMS in test_layers.py"
+    return IO_ROOMS[parts[2]]
+
+
+def upward_imports() -> list[str]:
+    """Every import against the layers, or, inside io, against its rooms (none is exempt from the rooms)."""
     problems = []
     for path in sorted(SRC.rglob("*.py")):
         source = module_name(path)
@@ -70,7 +83,21 @@ def test_every_package_imports_only_its_layer_and_below():
                 continue
             if rank(target) > rank(source):
                 problems.append(f"{source} imports {target} (layer {rank(target)} above {rank(source)})")
-    assert not problems, "imports against the layers:\n" + "\n".join(problems)
+            elif source.startswith("tracerl.io.") and target.startswith("tracerl.io.") \
+                    and io_room(target) > io_room(source):
+                problems.append(f"{source} imports {target} (io room {target.split('.')[2]} above "
+                                f"{source.split('.')[2]})")
+    return problems
+
+
+def test_every_package_imports_only_its_layer_and_below():
+    problems = upward_imports()
+    assert not problems, "imports against the layers or io's rooms:\n" + "\n".join(problems)
+
+
+def test_every_io_module_sits_in_a_room():
+    loose = [m for m in modules("io") if m != "tracerl.io" and m.split(".")[2] not in IO_ROOMS]
+    assert not loose, f"io modules outside a room: {loose}; put each in one of {sorted(IO_ROOMS)}"
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path):
@@ -80,6 +107,16 @@ def test_the_walk_sees_imports_inside_functions(tmp_path):
         assert "tracerl.train" in imports(probe)
         problems = [t for t in imports(probe) if t.startswith("tracerl.") and rank(t) > rank(module_name(probe))]
         assert problems == ["tracerl.train"]
+    finally:
+        probe.unlink()
+
+
+def test_the_walk_sees_an_import_against_io_s_rooms():
+    probe = SRC / "io" / "files" / "_room_probe.py"
+    probe.write_text("def f():\n    from tracerl.io.rollout import driver\n")
+    try:
+        found = [p for p in upward_imports() if p.startswith("tracerl.io.files._room_probe ")]
+        assert found == ["tracerl.io.files._room_probe imports tracerl.io.rollout (io room rollout above files)"], found
     finally:
         probe.unlink()
 
@@ -100,7 +137,7 @@ def test_lower_layers_import_with_torch_blocked():
 
 
 def test_io_never_imports_torch_even_inside_functions():
-    # transformers is allowed inside functions: io/tokenizer.py loads a (torch-free) fast tokenizer with it
+    # transformers is allowed inside functions: io/rollout/tokenizer.py loads a (torch-free) fast tokenizer with it
     for path in (SRC / "io").rglob("*.py"):
         for name in imports(path):
             assert name.split(".")[0] not in ("torch", "vllm"), f"{path.name} imports {name}"

@@ -10,7 +10,7 @@ from tracerl.io.domains.multihop import (
     RELATIONS, MultiHopDomain, MultiHopEnv, all_questions, exact_match, load_corpus, load_qa_file, make_kb,
     normalize_answer,
 )
-from tracerl.io.retrieval import BM25Index, tokenize
+from tracerl.io.domains.retrieval import BM25Index, tokenize
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ def test_tasks_md_names_the_split_the_warm_starts_check_reads():
 
 def test_training_md_documents_the_saved_trees_file_and_its_reader():
     trees = section(TRAINING, "Saved trees")
-    assert "`tracerl.io.runlog.read_trees(run_dir, step=None)`" in flat(trees) and "write_trees" in trees
+    assert "`tracerl.io.files.runlog.read_trees(run_dir, step=None)`" in flat(trees) and "write_trees" in trees
     assert "step-NNNNNN.json.gz" in trees and "gzipped" in trees
     node_table = trees.split("| field | what |", 1)[1]
     listed = {name.strip("` ") for cell in re.findall(r"^\| (`[^|]+`) \|", node_table, flags=re.M)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import finishes, gone
 
-from tracerl.io.rewards import RewardError, RewardPool
+from tracerl.io.env.rewards import RewardError, RewardPool
 
 
 
@@ -126,7 +126,7 @@ def test_weights_that_are_not_finite_are_refused_at_load(weights):
 # ---------------------------------------------------------------- more of the same class (written after the fix)
 
 def test_abandoned_reward_threads_are_bounded(tmp_path, monkeypatch):
-    import tracerl.io.user_code as user_code
+    import tracerl.io.env.user_code as user_code
     monkeypatch.setattr(user_code, "MAX_STUCK_THREADS", 2)
     pool = RewardPool([stuck], workers=2, pool="thread", timeout_s=1.0)
     for _ in range(2):

@@ -13,8 +13,8 @@ import math
 import pytest
 
 from tracerl.io.domains.math import MathEnv, load_math_file, numeric_match
-from tracerl.io.driver import prompt_id
-from tracerl.io.task import exact_match, load_rows
+from tracerl.io.env.task import exact_match, load_rows
+from tracerl.io.rollout.driver import prompt_id
 
 NON_FINITE_JSON = ["NaN", "Infinity", "-Infinity", '{"answer": NaN}', "[4, Infinity]", '{"a": [{"b": -Infinity}]}']
 NON_FINITE_ANSWERS = ["nan", "NaN", "inf", "-inf", "Infinity", "-Infinity", "1e400", "-1e400", "1e999",
@@ -175,7 +175,7 @@ def renderer():
 
 
 def test_a_prompt_longer_than_the_context_is_refused_at_load_naming_the_row_and_the_fix(renderer):
-    from tracerl.io.driver import check_prompt_lengths
+    from tracerl.io.rollout.driver import check_prompt_lengths
 
     rows = [_row(0), _row(1, "why " * 3000), _row(2)]
     with pytest.raises(ValueError, match=r"(?s)train row 2 \(id 'mine:train:1'\).*tokens.*256 positions.*shorten"):
@@ -184,7 +184,7 @@ def test_a_prompt_longer_than_the_context_is_refused_at_load_naming_the_row_and_
 
 
 def test_a_prompt_is_checked_with_room_for_one_turn(renderer):
-    from tracerl.io.driver import check_prompt_lengths
+    from tracerl.io.rollout.driver import check_prompt_lengths
 
     rows = [_row(0)]
     size = len(renderer.prompt_ids(rows[0]["prompt"], []))
@@ -196,7 +196,7 @@ def test_a_prompt_is_checked_with_room_for_one_turn(renderer):
 
 
 def test_a_model_without_a_known_context_checks_nothing(renderer):
-    from tracerl.io.driver import check_prompt_lengths
+    from tracerl.io.rollout.driver import check_prompt_lengths
 
     check_prompt_lengths([_row(0, "why " * 3000)], renderer, _NoToolsDomain(), context_tokens=None,
                          max_tokens_per_turn=32, split="train")

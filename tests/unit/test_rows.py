@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tracerl.io.task import load_rows  # noqa: E402
+from tracerl.io.env.task import load_rows  # noqa: E402
 
 from helpers import make_renderer  # noqa: E402
 
@@ -153,8 +153,8 @@ def test_control_tokens_in_a_row_or_a_tool_schema_reach_the_model_as_text(render
 
 
 def test_a_question_and_an_observation_are_neutralised_alike(renderer):
-    from tracerl.io.chat import neutralise
-    from tracerl.io import driver
+    from tracerl.io.rollout import driver
+    from tracerl.io.rollout.chat import neutralise
 
     assert driver.neutralise is neutralise, "the driver must neutralise observations with the renderer's function"
     question = renderer.decode(renderer.prompt_ids([{"role": "user", "content": CONTROL}]))
@@ -190,7 +190,7 @@ def test_a_missing_role_or_content_is_named(tmp_path):
 
 
 def test_check_row_leaves_its_input_alone():
-    from tracerl.io.rows import check_row
+    from tracerl.io.files.rows import check_row
 
     raw = row([{"role": "user", "content": [{"type": "text", "text": "q?"}]}])
     before = json.loads(json.dumps(raw))
@@ -211,7 +211,7 @@ def test_a_built_in_file_loader_checks_its_rows_too(tmp_path, record, words):
 
 
 def test_neutralise_is_idempotent(renderer):
-    from tracerl.io.chat import neutralise
+    from tracerl.io.rollout.chat import neutralise
 
     once, count = neutralise(CONTROL, renderer.specials)
     assert count == 5 and neutralise(once, renderer.specials) == (once, 0)
@@ -225,12 +225,12 @@ GOOD = json.dumps(row()) + "\n"
 
 
 def _rows_of(path):
-    from tracerl.io.rows import read_row_file
+    from tracerl.io.files.rows import read_row_file
 
     return read_row_file(path)
 
 
-# a rows file read directly, and through a user task's loader (`tracerl.io.task.load_rows` reads with it too)
+# a rows file read directly, and through a user task's loader (`tracerl.io.env.task.load_rows` reads with it too)
 READERS = [pytest.param(_rows_of, id="read_row_file"),
            pytest.param(lambda path: load_rows([path], "train"), id="load_rows")]
 

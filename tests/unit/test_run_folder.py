@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from tracerl.io.runlog import LOCK_FILE, METRICS_FILE, TREES_DIR, RunLog, finished_run, read_metrics, read_trees
-from tracerl.io.runlog import run_lock, write_trees
+from tracerl.io.files.runlog import LOCK_FILE, METRICS_FILE, TREES_DIR, RunLog, finished_run, read_metrics, read_trees
+from tracerl.io.files.runlog import run_lock, write_trees
 
 OTHER_ROWS = [{"step": 0, "kind": "eval"}, {"step": 1, "kind": "train", "rollout/cum_tokens": 10},
               {"step": 1, "kind": "eval"}, {"step": 2, "kind": "train", "rollout/cum_tokens": 20},
@@ -135,7 +135,7 @@ def test_a_metrics_file_that_is_not_utf8_names_the_byte(tmp_path):
 
 # ---------------------------------------------------------------- written after reading the code: planted temporaries
 # Writers used to write `<name>.tmp` by name and rename it into place: a symlink planted under that name was written
-# through. Every atomic write now makes a fresh temporary exclusively (tracerl.io.run_folder.replacing).
+# through. Every atomic write now makes a fresh temporary exclusively (tracerl.io.files.run_folder.replacing).
 
 @pytest.mark.parametrize("planted", ["metrics.tmp", "config.tmp", f".{METRICS_FILE}.tmp"])
 def test_a_planted_temporary_symlink_is_never_written_through(tmp_path, planted):
@@ -165,14 +165,14 @@ def test_trees_never_write_through_a_planted_temporary(tmp_path):
 
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "", "x\x00"])
 def test_run_path_takes_plain_names_only(tmp_path, name):
-    from tracerl.io.run_folder import OutsideRun, run_path
+    from tracerl.io.files.run_folder import OutsideRun, run_path
 
     with pytest.raises(OutsideRun):
         run_path(tmp_path, name)
 
 
 def test_a_run_folder_holding_a_symlinked_provenance_or_report_is_refused(tmp_path):
-    from tracerl.io.run_folder import OutsideRun
+    from tracerl.io.files.run_folder import OutsideRun
 
     other = _other_run(tmp_path)
     before = _snapshot(other)

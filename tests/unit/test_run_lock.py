@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tracerl.io.runlog import LOCK_FILE, RunInUse, run_lock
+from tracerl.io.files.runlog import LOCK_FILE, RunInUse, run_lock
 
 HOLD = """
 import fcntl, os, sys, time

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tracerl.io.engine import SamplingParams
-from tracerl.io.scripted_engine import ScriptedEngine
+from tracerl.io.rollout.engine import SamplingParams
+from tracerl.io.rollout.scripted_engine import ScriptedEngine
 
 
 def noisy(prefix, sample_index, rng):
@@ -70,7 +70,7 @@ def test_sampling_params_refuse_a_temperature_that_is_not_a_finite_number():
 
     import pytest
 
-    from tracerl.io.engine import SamplingParams
+    from tracerl.io.rollout.engine import SamplingParams
 
     for bad in (math.nan, math.inf, -0.5):
         with pytest.raises(ValueError, match="finite temperature"):

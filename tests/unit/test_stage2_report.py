@@ -12,7 +12,7 @@ from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.ledger import BudgetLedger
 from tracerl.core.metrics import raw_advantages, step_counts
 from tracerl.core.tree import Segment, Tree
-from tracerl.io.runlog import write_trees
+from tracerl.io.files.runlog import write_trees
 from tracerl.report.stage2 import (
     Tally,
     across_seeds,

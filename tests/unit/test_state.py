@@ -8,7 +8,7 @@ import pytest
 
 from tracerl.core.history import History
 from tracerl.core.predictor import ConstantPredictor, HashedLogisticPredictor, OraclePredictor
-from tracerl.io.state import load_predictor, load_state, save_predictor, save_state
+from tracerl.io.files.state import load_predictor, load_state, save_predictor, save_state
 
 
 def assert_same(a, b, where="state"):

@@ -122,7 +122,7 @@ def test_sampler_resumes_what_an_uninterrupted_sampler_samples():
     import json
 
     from tracerl.core.predictor import make_predictor
-    from tracerl.io.state import load_state, save_state
+    from tracerl.io.files.state import load_state, save_state
 
     for config in (CONFIG, replace(CONFIG, budget_unit="tokens", token_budget=9_000)):
         def sampler():
@@ -145,6 +145,22 @@ def test_sampler_resumes_what_an_uninterrupted_sampler_samples():
         resumed = sampler()
         resumed.load_state_dict(saved)
         assert head + run(resumed, 2, sim) == whole, f"budget_unit={config.budget_unit}"
+
+
+def test_skipping_pools_moves_only_the_pools_cursor():
+    """`skip_pools(n)` leaves the next step on the pool n steps would have reached, with the allocation RNG, the
+    prices and the predictor as they were: the draws of `tracerl bench alignment` differ by their pool alone."""
+    def sampler():
+        return Sampler(get_method("grpo"), CONFIG, 256, seed=3)
+
+    stepped, skipped = sampler(), sampler()
+    rng_before = skipped.rng.bit_generator.state
+    for _ in range(3):
+        stepped.pool.next()
+    skipped.skip_pools(3)
+    np.testing.assert_array_equal(skipped.pool.next(), stepped.pool.next())
+    assert skipped.rng.bit_generator.state == rng_before, "skipping a pool drew from the allocation RNG"
+    assert skipped.prices.state_dict() == sampler().prices.state_dict()
 
 
 def test_bench_alloc_takes_set_and_runs_in_tokens(capsys):

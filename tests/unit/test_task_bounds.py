@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from helpers import finishes, gone
 
-from tracerl.io.actions import MAX_ACTION_CHARS, parse_action
 from tracerl.io.env import EpisodeError
-from tracerl.io.task import UserTask, UserTaskDomain, tool
-from tracerl.io.task_tools import ToolOutput
+from tracerl.io.env.actions import MAX_ACTION_CHARS, parse_action
+from tracerl.io.env.task import UserTask, UserTaskDomain, tool
+from tracerl.io.env.task_tools import ToolOutput
 
 
 
@@ -226,8 +226,8 @@ def test_the_driver_counts_tool_timeouts_and_the_model_sees_them(tmp_path):
     pytest.importorskip("transformers")
     from helpers import make_renderer
 
-    from tracerl.io.driver import DriverLimits, ReActDriver
-    from tracerl.io.scripted_engine import ScriptedEngine
+    from tracerl.io.rollout.driver import DriverLimits, ReActDriver
+    from tracerl.io.rollout.scripted_engine import ScriptedEngine
     domain = domain_of(tmp_path, tools_for(tmp_path))
     renderer = make_renderer([call("wait", seconds=1000), "timed out after 1 s"] * 10, vocab_size=400)
     turns = iter([call("wait", seconds=1000), "<answer>1</answer>"])
@@ -371,9 +371,9 @@ def test_a_huge_observation_is_cut_before_it_is_neutralised(tmp_path, monkeypatc
     pytest.importorskip("transformers")
     from helpers import make_renderer
 
-    import tracerl.io.driver as driver_module
-    from tracerl.io.driver import DriverLimits, ReActDriver
-    from tracerl.io.scripted_engine import ScriptedEngine
+    import tracerl.io.rollout.driver as driver_module
+    from tracerl.io.rollout.driver import DriverLimits, ReActDriver
+    from tracerl.io.rollout.scripted_engine import ScriptedEngine
 
     def flood(n: int) -> str:
         """Return n control tokens.

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
-from tracerl.io.task import RewardError, UserTask, UserTaskDomain, UserTaskEnv, tool  # noqa: E402
+from tracerl.io.env.task import RewardError, UserTask, UserTaskDomain, UserTaskEnv, tool  # noqa: E402
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver  # noqa: E402
 
 from helpers import expert_engine, make_renderer  # noqa: E402
 

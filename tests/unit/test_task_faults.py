@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracerl.io.task import RewardError, UserTask, UserTaskDomain, load_task, tool
+from tracerl.io.env.task import RewardError, UserTask, UserTaskDomain, load_task, tool
 
 
 def write_rows(path: Path, num: int = 3) -> str:
@@ -251,7 +251,7 @@ def test_task_and_data_paths_in_a_config_resolve_against_its_folder(tmp_path, mo
 
     project = tmp_path / "project"
     project.mkdir()
-    (project / "task.py").write_text("from tracerl.io.task import UserTask\n"
+    (project / "task.py").write_text("from tracerl.io.env.task import UserTask\n"
                                      "def make_task():\n    return UserTask(tools=[], compute_score=None)\n")
     write_rows(project / "train.jsonl")
     (project / "config.toml").write_text('[data]\ntask = "task.py:make_task"\ntrain_files = ["train.jsonl"]\n')

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from tracerl.io.task import (RewardError, UserTask, UserTaskDomain, load_rows, load_task, make_tool, score_of,
+from tracerl.io.env.task import (RewardError, UserTask, UserTaskDomain, load_rows, load_task, make_tool, score_of,
                              tool)
 from tracerl.train.config import DataConfig
 
@@ -152,7 +152,7 @@ def test_files_alone_give_a_tool_free_exact_match_task(tmp_path):
 
 def test_task_spec_errors(tmp_path):
     for spec, words in [("nomodule", "module:function"), ("tracerl_no_such_mod:f", "cannot import"),
-                        ("tracerl.io.task:nothing", "has no 'nothing'"), ("tracerl.io.task:exact_match", None),
+                        ("tracerl.io.env.task:nothing", "has no 'nothing'"), ("tracerl.io.env.task:exact_match", None),
                         (str(tmp_path / "absent.py") + ":make", "no file")]:
         with pytest.raises((ValueError, TypeError)) as err:
             load_task(spec)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tracerl.io.rewards import RewardError, RewardPool
+from tracerl.io.env.rewards import RewardError, RewardPool
 
 HANG_S = 60.0  # a deadline that only keeps a wait from hanging for ever
 
@@ -78,9 +78,9 @@ def test_the_driver_scores_a_batch_of_answers_at_once(tmp_path):
 
     from helpers import make_renderer
 
-    from tracerl.io.driver import ReActDriver
-    from tracerl.io.scripted_engine import ScriptedEngine
-    from tracerl.io.task import UserTask, UserTaskDomain
+    from tracerl.io.rollout.driver import ReActDriver
+    from tracerl.io.rollout.scripted_engine import ScriptedEngine
+    from tracerl.io.env.task import UserTask, UserTaskDomain
 
     all_six = threading.Barrier(6)
 
@@ -109,7 +109,7 @@ def test_a_reward_that_never_returns_does_not_keep_the_process_from_exiting():
     import subprocess
     import sys
 
-    code = ("import time\nfrom tracerl.io.rewards import RewardError, RewardPool\n"
+    code = ("import time\nfrom tracerl.io.env.rewards import RewardError, RewardPool\n"
             "def hang(data_source, solution_str, ground_truth, extra_info=None):\n    time.sleep(600)\n"
             "try:\n    RewardPool([hang], timeout_s=0.2)(data_source='d', solution_str='s', ground_truth='g', "
             "extra_info={})\nexcept RewardError as err:\n    print(err)\n")

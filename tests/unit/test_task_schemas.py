@@ -7,8 +7,8 @@ from typing import Any, Literal, Optional, Union
 
 import pytest
 
-from tracerl.io.actions import check_arguments
-from tracerl.io.task import UserTask, UserTaskDomain, make_tool
+from tracerl.io.env.actions import check_arguments
+from tracerl.io.env.task import UserTask, UserTaskDomain, make_tool
 
 
 class Color(enum.Enum):
@@ -90,7 +90,7 @@ def test_a_type_with_no_json_schema_still_fails_at_load_naming_the_fix():
 
 
 def test_a_tool_output_keeps_its_step_reward_on_the_turn(tmp_path):
-    from tracerl.io.task import ToolOutput
+    from tracerl.io.env.task import ToolOutput
 
     def probe(depth: int) -> ToolOutput:
         """Probe the ground.

@@ -1,4 +1,4 @@
-"""tracerl.io.verl_task: verl's tool config YAML and custom reward file as a `UserTask` (no verl needed).
+"""tracerl.io.env.verl_task: verl's tool config YAML and custom reward file as a `UserTask` (no verl needed).
 
 The tool classes here have verl's BaseTool interface (async create/execute/release) without subclassing it, so
 these run in the main environment; the verl CPU test (tests/verl/test_verl_user_task.py) runs a real BaseTool.
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tracerl.io.task import RewardError, json_call
-from tracerl.io.verl_task import load_reward_function, load_verl_tools, verl_task
+from tracerl.io.env.task import RewardError, json_call
+from tracerl.io.env.verl_task import load_reward_function, load_verl_tools, verl_task
 
 TOOLS = '''
 from uuid import uuid4

@@ -17,7 +17,7 @@ import verl  # noqa: E402
 
 from tracerl.integrations.verl import TraceVerlConfig  # noqa: E402
 from tracerl.integrations.verl_plugin import VERL_VERSION, VerlMoved, checks, cpu, environment  # noqa: E402
-from tracerl.io.engine import SamplingParams  # noqa: E402
+from tracerl.io.rollout.engine import SamplingParams  # noqa: E402
 
 
 def test_another_verl_version_is_refused_naming_the_one_to_install(monkeypatch):

@@ -19,10 +19,10 @@ pytest.importorskip("verl.experimental.agent_loop.tool_agent_loop",
 
 from helpers import make_renderer  # noqa: E402
 
-from tracerl.io.driver import DriverLimits, ReActDriver  # noqa: E402
-from tracerl.io.scripted_engine import ScriptedEngine  # noqa: E402
-from tracerl.io.task import json_call  # noqa: E402
-from tracerl.io.verl_task import verl_task  # noqa: E402
+from tracerl.io.env.task import json_call  # noqa: E402
+from tracerl.io.env.verl_task import verl_task  # noqa: E402
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver  # noqa: E402
+from tracerl.io.rollout.scripted_engine import ScriptedEngine  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verl_ledger"
 

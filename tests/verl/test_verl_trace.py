@@ -39,7 +39,7 @@ from tracerl.core.features import NUM_STRUCTURAL  # noqa: E402
 from tracerl.core.tree import Tree  # noqa: E402
 from tracerl.engines.transformers_engine import TransformersEngine  # noqa: E402
 from tracerl.integrations.verl import EngineLLMClient, TraceAgentLoopManager, VerlEngine  # noqa: E402
-from tracerl.io.engine import SamplingParams  # noqa: E402
+from tracerl.io.rollout.engine import SamplingParams  # noqa: E402
 
 N = 4  # rollout.n: the budget is BATCH * N trajectory units, as GRPO would spend
 BATCH = 8

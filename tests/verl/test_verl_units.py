@@ -16,7 +16,7 @@ from tracerl.integrations.verl import (FailSafeRunner, TraceVerlConfig, check_ve
                                        plan_batch)
 from tracerl.integrations.verl.coordinator import spent_ledger, step_metrics  # noqa: E402
 from tracerl.integrations.verl.engine import RolloutTimeout  # noqa: E402
-from tracerl.io.config import from_dict  # noqa: E402
+from tracerl.io.files.config import from_dict  # noqa: E402
 from tracerl.train.config import PredictorConfig, TrainConfig  # noqa: E402
 
 

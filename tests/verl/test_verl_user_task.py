@@ -24,7 +24,7 @@ from test_verl_trace import BATCH, MINI, N, expected_tokens, make_batch, run_ste
 from tracerl.core.advantages import compute_advantages  # noqa: E402
 from tracerl.integrations.verl import EngineLLMClient, TraceAgentLoopManager  # noqa: E402
 from tracerl.integrations.verl.config import task_settings  # noqa: E402
-from tracerl.io.task import json_call  # noqa: E402
+from tracerl.io.env.task import json_call  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vault_task")
 TOOL_CONFIG = os.path.join(HERE, "tool_config.yaml")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from tracerl.core.tree import Segment, Tree
-from tracerl.io.runlog import RunLog, write_trees
+from tracerl.io.files.runlog import RunLog, write_trees
 
 HOSTILE_POLICY = "think <script>window.__xss=1</script> then <b>x</b> and <script>alert(1)</script>"
 HOSTILE_OBSERVATION = '<img src=x onerror="window.__xss=2"> </script><!-- <b>x</b> & done'

@@ -48,7 +48,7 @@ def tree_prefixes(model_a):
     import numpy as np
 
     from tracerl.engines.transformers_engine import TransformersEngine
-    from tracerl.io.engine import SamplingParams
+    from tracerl.io.rollout.engine import SamplingParams
 
     rng = np.random.default_rng(0)
     engine = TransformersEngine(model_a)

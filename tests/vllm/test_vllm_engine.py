@@ -13,7 +13,7 @@ from vllm_support import TOLERANCE, trainer_logprobs
 
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.engines.vllm_engine import VLLMEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 

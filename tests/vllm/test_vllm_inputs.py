@@ -15,7 +15,7 @@ from vllm_support import VOCAB
 
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.engines.vllm_engine import VLLMEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PREFIXES = [[1, 2, 3, 4, 5], [7, 8, 9]]

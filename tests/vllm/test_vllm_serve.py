@@ -17,7 +17,7 @@ from helpers import free_port
 from tracerl.engines.openai_engine import EngineError, OpenAIEngine
 from tracerl.engines.transformers_engine import TransformersEngine
 from tracerl.engines.vllm_worker import load_served_weights
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 

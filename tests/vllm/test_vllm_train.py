@@ -17,9 +17,10 @@ from helpers import TINY_POLICY as TINY, free_port
 from vllm_support import TOLERANCE, trainer_logprobs, vllm_server
 
 from tracerl.engines.openai_engine import OpenAIEngine
-from tracerl.io.engine import SamplingParams
-from tracerl.io.runlog import read_metrics
+from tracerl.io.files.runlog import read_metrics
+from tracerl.io.rollout.engine import SamplingParams
 from tracerl.train.config import load_config
+from tracerl.train.policy import load_policy
 from tracerl.train.trainer import Trainer, run_training
 
 # the tests' tiny policy (tests/helpers.py), 128 wide (head_dim 32: vLLM's CPU attention has no kernel for 16), a
@@ -59,7 +60,7 @@ def test_vllm_follows_the_trainers_weights_with_lora_merged(overrides, tmp_path)
     pytest.importorskip("peft")
     config = load_config(None, [*overrides, f"run.out_dir={tmp_path / 'run'}", "policy.lora_rank=4",
                                 "optim.lr=5e-2"])
-    trainer = Trainer(config)
+    trainer = Trainer(config, load_policy(config))
     try:
         initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         trainer.sync_weights()

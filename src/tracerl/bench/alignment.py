@@ -50,10 +50,6 @@ def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(params).detach().double()
 
 
-def _flat_grad(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
-
-
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     denominator = float(a.norm() * b.norm())
     return float(a @ b) / denominator if denominator > 0 else 0.0
@@ -61,41 +57,30 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _trainer(run_config: dict[str, Any], method: str, out: Path, overrides: Sequence[str]):
     from tracerl.train.config import load_config
+    from tracerl.train.policy import load_policy
     from tracerl.train.trainer import Trainer
 
     sets = [f"method={method}", *overrides, f"run.out_dir={out}", "run.tensorboard=false", "run.save_trees=false",
             "run.progress=false"]
-    return Trainer(load_config(base=copy.deepcopy(run_config), overrides=sets))
+    config = load_config(base=copy.deepcopy(run_config), overrides=sets)
+    return Trainer(config, load_policy(config))
 
 
 def _reference(trainer, cfg: AlignmentConfig, say: Say) -> tuple[torch.Tensor, float, dict[str, float]]:
     """Minus the gradient of the trainer's loss on held-out questions (Dr. GRPO advantages): two halves of
     disjoint questions, combined with their token shares. Returns (a, cos of the halves, facts)."""
-    from tracerl.io.driver import ReActDriver
-    from tracerl.io.engine import SamplingParams
-    from tracerl.train.policy import trainable_parameters
-
-    policy, params = trainer.policy, list(trainable_parameters(trainer.model))
-    rows = policy.domain.rows("test", cfg.reference_prompts, seed=cfg.reference_seed)
+    rows = trainer.policy.domain.rows("test", cfg.reference_prompts, seed=cfg.reference_seed)
     if len(rows) < 4:
         raise ValueError(f"the domain's test split gave {len(rows)} questions; the reference needs at least 4")
-    driver = ReActDriver(trainer.engine, policy.renderer, policy.domain, limits=policy.limits,
-                         sampling=SamplingParams(temperature=trainer.config.sampling.temperature,
-                                                 seed=cfg.reference_seed))
-    driver.set_rows(rows)
     say(f"reference: {len(rows)} held-out questions x {cfg.reference_samples} rollouts")
-    with torch.no_grad():
-        trees, sampled = driver.run_roots(list(range(len(rows))), [cfg.reference_samples] * len(rows))
+    trees, sampled = trainer.rollouts(rows, cfg.reference_samples, seed=cfg.reference_seed)
     advantages = compute_advantages("grpo", trees, AdvantageConfig(norm_by_std=False))
     half = len(trees) // 2
     parts, totals = [], []
-    trainer.model.train()
     for part in (slice(0, half), slice(half, len(trees))):
-        _, _, total, _ = trainer.accumulate_gradient(trees[part], advantages[part])
-        parts.append(-_flat_grad(params))
-        totals.append(float(total))
-    trainer.model.eval()
-    trainer.optimizer.zero_grad(set_to_none=True)
+        gradient, total = trainer.gradient(trees[part], advantages[part])
+        parts.append(-gradient)
+        totals.append(total)
     a = (parts[0] * totals[0] + parts[1] * totals[1]) / sum(totals)
     if not float(a.norm()) > 0:
         raise ValueError(f"the reference batch ({len(rows)} questions x {cfg.reference_samples}) has no question with "
@@ -108,33 +93,20 @@ def _reference(trainer, cfg: AlignmentConfig, say: Say) -> tuple[torch.Tensor, f
 
 
 def _draws(trainer, state: dict[str, Any], cfg: AlignmentConfig, a: torch.Tensor) -> list[dict[str, float]]:
-    """Each draw from the checkpoint's state: the step the run would take after skipping d pools."""
+    """Each draw from the checkpoint's `state` (a `Trainer.snapshot` with the checkpoint's sampler, step and totals):
+    the step the run would take after skipping d pools."""
     from tracerl.train.policy import trainable_parameters
 
     params = list(trainable_parameters(trainer.model))
-    weights0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    optimizer0 = copy.deepcopy(trainer.optimizer.state_dict())
-    start = _flat(params)
     unit = a / a.norm()
-    opt = trainer.config.optim
     rows = []
     for d in range(cfg.draws):
-        with torch.no_grad():
-            trainer.model.load_state_dict(weights0)
-        trainer.optimizer.load_state_dict(copy.deepcopy(optimizer0))
-        for group in trainer.optimizer.param_groups:  # the moments are the run's; the settings this entry's own
-            group.update(lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
-        trainer.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
-        for _ in range(d):
-            trainer.sampler.pool.next()
-        trainer.step = int(state["step"]) + d
+        trainer.restore(state)  # the moments are the run's; the optimizer's settings this entry's own
+        start = _flat(params)
+        trainer.skip_steps(d)
         step = trainer.sample_step()
-        trainer.model.train()
-        trainer.accumulate_gradient(step.trees, step.advantages)
-        g = _flat_grad(params)
-        torch.nn.utils.clip_grad_norm_(params, opt.grad_clip or float("inf"))
-        trainer.optimizer.step()
-        trainer.model.eval()
+        g, _ = trainer.gradient(step.trees, step.advantages)
+        trainer.apply_gradient()
         u = _flat(params) - start
         rows.append({"cos_gradient": _cos(-g, a), "cos_update": _cos(u, a), "along": float(u @ unit),
                      "update_norm": float(u.norm()), "sampled_tokens": float(step.ledger.tokens_spent),
@@ -172,7 +144,7 @@ def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[st
     with tempfile.TemporaryDirectory(prefix="tracerl-alignment-") as tmp:
         loader = _trainer(run_config, run_config.get("method", "trace"), Path(tmp) / "loader", overrides)
         with torch_threads(loader.config.run.num_threads):
-            state = checkpoint.load(run_dir, loader.model, loader.optimizer, None)  # the predictor is the sampler's
+            state = loader.load_checkpoint(run_dir)  # the predictor is the sampler's
             if state is None:
                 raise ValueError(f"{run_dir} has no checkpoint yet; train at least one step first")
             steered = [label for label, method, _ in entries if get_method(method).predictor != "none"]
@@ -185,13 +157,12 @@ def run(run_dir: str | Path, methods: Sequence[str | tuple[str, str, Sequence[st
             result: dict[str, Any] = {"run_dir": str(run_dir), "step": int(state["step"]),
                                       "weights": weights_hash(loader.model), "reference_halves_cos": halves,
                                       **facts, "config": dataclasses.asdict(cfg), "methods": {}}
+            start = {**loader.snapshot(), **state}  # the checkpoint's weights and moments, sampler, step and totals
             for i, (label, method, own) in enumerate(entries):
                 trainer = _trainer(run_config, method, Path(tmp) / f"entry{i}", [*overrides, *own])
-                trainer.model.load_state_dict(loader.model.state_dict())
-                trainer.optimizer.load_state_dict(loader.optimizer.state_dict())
                 say(f"{label}: {cfg.draws} draws")
                 try:
-                    rows = _draws(trainer, state, cfg, a)  # each loads the run's sampler state, predictor included
+                    rows = _draws(trainer, start, cfg, a)  # each loads the run's sampler state, predictor included
                 finally:
                     trainer.close()
                 gradients = [r.pop("g") for r in rows]

@@ -41,7 +41,7 @@ import torch
 from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.engine import SamplingParams
 
 
 @dataclass(frozen=True)

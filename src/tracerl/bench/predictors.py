@@ -72,7 +72,7 @@ def record_simulator(cfg: PredictorBenchConfig) -> list[Step]:
 
 def record_run(run_dir: str | Path) -> list[Step]:
     """Every step's saved trees of a training run (`<run_dir>/trees/step-*.json.gz`), in step order."""
-    from tracerl.io.runlog import TREES_DIR, read_trees
+    from tracerl.io.files.runlog import TREES_DIR, read_trees
 
     files = sorted((Path(run_dir) / TREES_DIR).glob("step-*.json.gz"))
     if not files:
@@ -87,7 +87,7 @@ def record_run(run_dir: str | Path) -> list[Step]:
 def tiny_lm_dir(texts: list[str], directory: Path, hidden_size: int = 64, seed: int = 0) -> Path:
     """Save a random tiny Qwen3 and a BPE tokenizer trained on `texts` into `directory`; returns it."""
     from tracerl.engines.tiny import tiny_qwen3
-    from tracerl.io.tokenizer import train_tokenizer
+    from tracerl.io.rollout.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(texts, vocab_size=512)
     model = tiny_qwen3(vocab_size=max(512, len(tokenizer)), hidden_size=hidden_size, seed=seed)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.core.tree import Segment, Tree
-from tracerl.io.runlog import write_trees
+from tracerl.io.files.runlog import write_trees
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WORDS = ("search", "the", "capital", "of", "company", "founded", "by", "born", "in", "city", "river", "who", "what",

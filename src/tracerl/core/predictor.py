@@ -14,7 +14,7 @@ of them, the oracle and the torch heads of `tracerl.predictors` included, and no
 * `OraclePredictor` ("oracle"): the true p from a simulator; nothing to learn, nothing to save.
 
 Deliberately not here: torch heads (`tracerl.predictors`, named in `PREDICTORS`), files (see
-`tracerl.io.state`), metric namespacing (callers log keys under `predictor/`).
+`tracerl.io.files.state`), metric namespacing (callers log keys under `predictor/`).
 """
 
 from __future__ import annotations

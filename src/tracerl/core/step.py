@@ -124,7 +124,7 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
         metrics.update(learned.metrics)
         scored, targets, update_seconds = learned.scored, learned.targets, learned.update_seconds
     advs = compute_advantages(method.advantage, trees, advantages)
-    counts, measured = measure(trees, advs, raw_advantages(method.advantage, trees, advs, advantages), ledger)
+    counts, measured = measure(trees, advs, ledger, method.advantage, advantages)
     metrics.update(measured)
     metrics.update({"alloc/num_prompts": len(trees), "alloc/num_prefix_anchors": grown.num_prefix_anchors,
                     "alloc/num_continuations": grown.num_continuations, "alloc/stage1_value": grown.stage1_value})
@@ -139,13 +139,16 @@ def run_step(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hist
     return StepResult(trees, advs, grown, ledger, counts, metrics, scored, targets, seconds, list(pool))
 
 
-def measure(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], raw: Sequence[TreeAdvantages],
-            ledger: BudgetLedger) -> tuple[dict[str, float], dict[str, Any]]:
-    """The step's measures from its trees, their advantages (`raw`: before any batch whitening) and its ledger, the one
+def measure(trees: Sequence[Tree], advantages: Sequence[TreeAdvantages], ledger: BudgetLedger, estimator: str,
+            options: AdvantageConfig | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """The step's measures from its trees, the advantages `estimator` (with `options`) gave them and its ledger, the one
     place they are built (this step, and verl's coordinator for trees grown by verl's workers): the counts
     (`tracerl.core.metrics.step_counts`, to pool over steps) and the metrics, every ratio as `alloc/<name>`, the spend
     by kind (`alloc/units_root`, `alloc/tokens_prefix`, ...; zero for a kind not spent) and `rollout/success_rate`,
-    `num_rollouts`, `units`, `tokens`."""
+    `num_rollouts`, `units`, `tokens`. The informative counts read the estimator's advantages before any batch
+    whitening (`tracerl.core.metrics.raw_advantages`, which recomputes them tree by tree, so advantages computed over
+    the batch and one tree at a time are read alike)."""
+    raw = raw_advantages(estimator, trees, advantages, options)
     counts = step_counts(trees, advantages, ledger.units_spent, ledger.tokens_spent, prices=ledger, raw_advantages=raw)
     measures = ratios(counts)
     metrics: dict[str, Any] = {f"alloc/{k}": v for k, v in measures.items()}
@@ -204,6 +207,12 @@ class Sampler:
         pool = runner.set_pool(self.pool.next())
         return run_step(self.method, self.config, pool, runner, self.rng, predictor=self.predictor,
                         advantages=self.advantages, prices=self.prices)
+
+    def skip_pools(self, num: int) -> None:
+        """Pass over the next `num` pools without sampling them: the pool's cursor moves on as `num` steps would
+        move it, and nothing else changes (the allocation RNG, the prices and the predictor stay as they are)."""
+        for _ in range(num):
+            self.pool.next()
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.state_dict(), "rng": self.rng.bit_generator.state,

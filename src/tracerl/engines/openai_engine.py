@@ -27,7 +27,7 @@ What it does:
 - every answer is checked before it is used: choices are objects with distinct in-range indexes, ids are integers in
   [0, vocab_size) (non-negative and below 2^31 when vocab_size is not given), one finite logprob <= 0 per id, no
   stop token before the last id, at most max_tokens ids, a known finish reason. Every number read from text (the
-  Content-Length header, vLLM's `"token_id:123"` strings) is ASCII digits read by `tracerl.io.boundary.parse_int`,
+  Content-Length header, vLLM's `"token_id:123"` strings) is ASCII digits read by `tracerl.io.files.boundary.parse_int`,
   never `int()` after `isdigit()`. A malformed answer raises `EngineError` naming the server, the choice and the
   field, never a bare AttributeError, TypeError or ValueError.
 
@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tracerl.engines.errors import EngineError
-from tracerl.io.boundary import parse_int
-from tracerl.io.engine import Completion, SamplingParams, check_request
+from tracerl.io.files.boundary import parse_int
+from tracerl.io.rollout.engine import Completion, SamplingParams, check_request
 
 __all__ = ["EngineError", "OpenAIEngine", "request_seed"]
 

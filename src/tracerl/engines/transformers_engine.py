@@ -17,8 +17,8 @@ before top-p truncation (what a trainer recomputes with the same temperature; vL
 its V1 default `raw_logprobs` reports `log_softmax(logits)` instead). At temperature 0 (greedy) they are
 `log_softmax(logits)`.
 
-Coupled sampling (`generate(..., keys=...)`, `tracerl.io.engine`): each row draws from its own counter-based stream
-instead of the call's generator, so its draws do not depend on the rest of the batch.
+Coupled sampling (`generate(..., keys=...)`, `tracerl.io.rollout.engine`): each row draws from its own counter-based
+stream instead of the call's generator, so its draws do not depend on the rest of the batch.
 
 What it does not do: text, chat templates or EOS handling (only `stop_token_ids` end a sample); sliding-window,
 hybrid or recurrent-state models (refused at construction); paged memory. Cached keys/values are dropped when
@@ -42,7 +42,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import Cache, DynamicLayer
 
-from tracerl.io.engine import Completion, SamplingParams, stream_key, stream_uniforms
+from tracerl.io.rollout.engine import Completion, SamplingParams, stream_key, stream_uniforms
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (H, T, D) for one sequence
 
@@ -313,13 +313,13 @@ class TransformersEngine:
 
     # ---- the Engine protocol -------------------------------------------------------------------------------------
 
-    supports_keys = True  # coupled sampling: generate(..., keys=...), see tracerl.io.engine
+    supports_keys = True  # coupled sampling: generate(..., keys=...), see tracerl.io.rollout.engine
 
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams,
                  n: int | Sequence[int] = 1, keys: Sequence[int] | None = None) -> list[list[Completion]]:
         """For each prefix, n (or n[i]) sampled continuations; see the module docstring for logprobs. With `keys`
         (one int per prefix), sample j of prefix i draws from the stream `stream_key(keys[i], j)` instead of the
-        call's generator (coupled sampling, `tracerl.io.engine`)."""
+        call's generator (coupled sampling, `tracerl.io.rollout.engine`)."""
         arrays = [self._check_prefix(i, p, params) for i, p in enumerate(prefixes)]
         counts = [n] * len(arrays) if isinstance(n, int) else [int(c) for c in n]
         if len(counts) != len(arrays) or any(c < 0 for c in counts):

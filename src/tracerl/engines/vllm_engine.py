@@ -67,8 +67,8 @@ import torch
 from tracerl.engines.errors import EngineError
 from tracerl.engines.openai_engine import request_seed
 from tracerl.engines.tensors import tensor_problem
-from tracerl.io.boundary import listing
-from tracerl.io.engine import MIN_TEMPERATURE, Completion, SamplingParams, check_request
+from tracerl.io.files.boundary import listing
+from tracerl.io.rollout.engine import MIN_TEMPERATURE, Completion, SamplingParams, check_request
 
 _ADAPTER_MARKS = ("lora_", "base_model.model.", ".base_layer.", "modules_to_save")  # keys of an unmerged adapter
 

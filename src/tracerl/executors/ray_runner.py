@@ -41,8 +41,8 @@ from typing import Any, Callable, Sequence
 from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.domains import make_domain
-from tracerl.io.driver import DriverLimits, ReActDriver, prompt_id
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver, prompt_id
+from tracerl.io.rollout.engine import SamplingParams
 
 try:
     import ray
@@ -113,7 +113,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         from tracerl.engines.openai_engine import OpenAIEngine
-        from tracerl.io.chat import ChatRenderer
+        from tracerl.io.rollout.chat import ChatRenderer
 
         self.spec, self.worker_index = spec, worker_index
         tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_dir, local_files_only=True)

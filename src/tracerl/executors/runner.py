@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 from tracerl.core.history import History
 from tracerl.core.tree import Tree
-from tracerl.io.driver import ReActDriver
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.driver import ReActDriver
+from tracerl.io.rollout.engine import SamplingParams
 
 
 class _Runner:

@@ -69,13 +69,13 @@ import torch
 
 from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
-from tracerl.io.chat import ChatRenderer
 from tracerl.io.domains.base import Domain
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
-from tracerl.io.driver import DriverLimits
 from tracerl.io.env import EpisodeError
-from tracerl.io.run_folder import run_path, write_atomic
-from tracerl.io.tokenizer import train_tokenizer
+from tracerl.io.files.run_folder import run_path, write_atomic
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.driver import DriverLimits
+from tracerl.io.rollout.tokenizer import train_tokenizer
 from tracerl.policy.embedded_config import BUILD_VERSION, KEYLESS_DEFAULTS, EmbeddedConfig  # noqa: F401 (public here)
 from tracerl.policy.evaluation import evaluate_rows
 
@@ -316,7 +316,7 @@ def build_embedded(config: EmbeddedConfig = EmbeddedConfig(), cache_dir: str | P
     """Load the policy of `config` from `cache_dir/<config.key()>/`, or build it there (see the module docstring).
 
     cache_dir defaults to $TRACERL_CACHE or ~/.cache/tracerl; rebuild=True builds anew and replaces the cache.
-    `domain` is a built-in domain with an expert (math, funcall) or a user's task (`tracerl.io.task.UserTaskDomain`)
+    `domain` is a built-in domain with an expert (math, funcall) or a user's task (`tracerl.io.env.task.UserTaskDomain`)
     in place of the multihop world; its name and fingerprint join the cache key, and the multihop fields of `config`
     are then unused. A build runs on BUILD_THREADS torch threads, whatever the caller set (restored on return)."""
     say = progress or (lambda message: None)

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tracerl.io.boundary import listing
 from tracerl.io.domains.multihop import MultiHopDomain
-from tracerl.io.driver import DriverLimits
+from tracerl.io.files.boundary import listing
+from tracerl.io.rollout.driver import DriverLimits
 
 BUILD_VERSION = 2  # part of the cache key: bump it when a code change alters what a config builds
 KEYLESS_DEFAULTS = {"warmup_hop_mix": [], "split_digits": False, "warmup_options": {}}  # fields added within BUILD_VERSION 2, as `to_dict` writes their defaults

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.chat import ChatRenderer
-from tracerl.io.driver import DriverLimits, ReActDriver
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver
+from tracerl.io.rollout.engine import SamplingParams
 
 
 MAX_TYPES = 32  # more distinct question types than this get no per-type keys (the metrics stay bounded)
@@ -47,8 +47,8 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
                   rows: Sequence[dict[str, Any]], samples_per_prompt: int = 4, temperature: float = 1.0,
                   seed: int = 0, max_batch_size: int = 64, coupled: bool = False) -> dict[str, Any]:
     """avg@k success on `rows`, k = samples_per_prompt; with `coupled`, every sample from its own stream keyed by
-    (seed, question, sample, turn) (`tracerl.io.driver`), so two policies evaluated on the same rows and seed draw
-    the same random numbers and the draws do not depend on `max_batch_size`.
+    (seed, question, sample, turn) (`tracerl.io.rollout.driver`), so two policies evaluated on the same rows and seed
+    draw the same random numbers and the draws do not depend on `max_batch_size`.
 
     success = mean over prompts of the prompt's mean reward; success_se = std over prompts / sqrt(num_prompts)
     (the prompts are the independent draws; 0 when there is one prompt). `eval/per_prompt` lists each prompt's

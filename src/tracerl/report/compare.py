@@ -54,8 +54,8 @@ from tracerl.core.stats import (
     share_to_reach,
 )
 from tracerl.io.files import read_utf8
-from tracerl.io.run_folder import run_path
-from tracerl.io.runlog import finished_run, read_metrics, read_trees
+from tracerl.io.files.run_folder import run_path
+from tracerl.io.files.runlog import finished_run, read_metrics, read_trees
 
 Say = Callable[[str], None]
 INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
@@ -132,7 +132,7 @@ def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
     from tracerl.core.methods import AllocationConfig, get_method
     from tracerl.core.metrics import INFORMATIVE_MEASURES, raw_advantages, ratios, step_counts
     from tracerl.core.tree import Tree
-    from tracerl.io.config import from_dict
+    from tracerl.io.files.config import from_dict
 
     config_path = run_path(run_dir, "config.json")
     if not config_path.exists():

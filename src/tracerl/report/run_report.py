@@ -33,8 +33,8 @@ from tracerl.core.calibration import calibration_metrics, expand_soft_targets, r
 from tracerl.core.methods import METHODS
 from tracerl.core.tree import Tree
 from tracerl.io.files import read_utf8
-from tracerl.io.run_folder import replacing, run_path, write_atomic
-from tracerl.io.runlog import read_metrics, read_trees
+from tracerl.io.files.run_folder import replacing, run_path, write_atomic
+from tracerl.io.files.runlog import read_metrics, read_trees
 from tracerl.report.view import tree_steps
 
 REPORT_FILE = "report.md"

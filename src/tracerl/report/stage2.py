@@ -59,8 +59,8 @@ from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.metrics import raw_advantages
 from tracerl.core.stats import SeedMean, seed_mean
 from tracerl.core.tree import Tree
-from tracerl.io.config import from_dict, load_file
-from tracerl.io.runlog import TREES_DIR, read_trees
+from tracerl.io.files.config import from_dict, load_file
+from tracerl.io.files.runlog import TREES_DIR, read_trees
 
 P_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # bins of the predicted p at the anchor: [0, 0.2), ..., [0.8, 1.0]
 MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")

@@ -1,10 +1,10 @@
 """`tracerl view`: a training step's rollout trees as one self-contained HTML file.
 
-For a step saved by `tracerl train` (`<run>/trees/step-NNNNNN.json.gz`, see `tracerl.io.runlog.write_trees`) the page
-shows every prompt's tree (nodes coloured by backed-up success `Tree.backup().vhat`, leaves as squares, the predictor's
-p at anchors, the nodes stage 2 expanded with their number of continuations, continuation edges dashed), the pool
-prompts stage 1 filtered out (granted 0) with their predicted p, and on a click the text of every turn on the path to
-the node (policy text and observation apart). Filters: outcome (mixed / all success / all fail), domain, method; a
+For a step saved by `tracerl train` (`<run>/trees/step-NNNNNN.json.gz`, see `tracerl.io.files.runlog.write_trees`) the
+page shows every prompt's tree (nodes coloured by backed-up success `Tree.backup().vhat`, leaves as squares, the
+predictor's p at anchors, the nodes stage 2 expanded with their number of continuations, continuation edges dashed), the
+pool prompts stage 1 filtered out (granted 0) with their predicted p, and on a click the text of every turn on the path
+to the node (policy text and observation apart). Filters: outcome (mixed / all success / all fail), domain, method; a
 step selector when several steps are embedded (`all_steps=True`).
 
 The data goes into the page as JSON inside `<script type="application/json">`, with every `<`, `>` and `&` written as
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.core.tree import Tree
-from tracerl.io.runlog import TREES_DIR, read_trees
+from tracerl.io.files.runlog import TREES_DIR, read_trees
 from tracerl.report.view_page import CSS, JS
 
 

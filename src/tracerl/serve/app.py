@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tracerl.engines.transformers_engine import TransformersEngine
-from tracerl.io.boundary import listing, parse_int
+from tracerl.io.files.boundary import listing, parse_int
 
 from .limits import ServeLimits
 from .request import BadRequest, CompletionRequest, load_json, parse_completion

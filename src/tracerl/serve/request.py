@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tracerl.io.engine import MIN_TEMPERATURE, SamplingParams
+from tracerl.io.rollout.engine import MIN_TEMPERATURE, SamplingParams
 
 from .limits import ServeLimits
 

@@ -29,7 +29,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.rollout.engine import Completion, SamplingParams
 
 from .limits import ServeLimits
 

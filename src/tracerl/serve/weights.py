@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from tracerl.engines.tensors import tensor_problem
-from tracerl.io.boundary import listing
+from tracerl.io.files.boundary import listing
 
 
 class WeightsError(ValueError):

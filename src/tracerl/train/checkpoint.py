@@ -1,7 +1,7 @@
 """Checkpoints of a run directory: written whole or not at all, the newest named by an atomically replaced file.
 
 Layout: `<run>/checkpoints/step-000012/` holds `model.pt` (state dict), `optimizer.pt`, `predictor.npz`
-(`tracerl.io.state`; only for a method with a predictor), `trainer.npz` (step, data cursor and order, cumulative
+(`tracerl.io.files.state`; only for a method with a predictor), `trainer.npz` (step, data cursor and order, cumulative
 ledger totals, the numpy generators' states, torch's CPU RNG state and, for a model on a GPU, that GPU's) and
 `config.json` (the resolved config the run was saved with). A checkpoint is written into a temporary sibling folder,
 fsynced and renamed into place; then `<run>/checkpoints/latest` (a one-line file, replaced atomically) is pointed
@@ -19,7 +19,7 @@ intact, the error names each file and the fix. `latest` must name a step folder 
 symlink); anything else is skipped the same way. Temporary folders (`.step-*`) left by a killed save are removed
 by the next save.
 
-The run folder is the run's own (`tracerl.io.run_folder`): `checkpoints/` must not be a symlink (load and save
+The run folder is the run's own (`tracerl.io.files.run_folder`): `checkpoints/` must not be a symlink (load and save
 refuse it, naming the fix), `latest` holds only a step folder's name (`step-NNNNNN`, no path), and no save deletes
 through a symlink: a step folder that is one is unlinked when that step is saved again, never `rmtree`d, and
 retention and the clearing of temporaries leave what a link leads to alone. `config.json` and `latest` are written
@@ -63,11 +63,11 @@ import numpy as np
 import torch
 
 from tracerl.core.predictor import Predictor
-from tracerl.io.boundary import listing
-from tracerl.io.config import parse_json
 from tracerl.io.files import check_depth, decode_utf8, too_deep
-from tracerl.io.run_folder import OutsideRun, remove, run_path, write_atomic
-from tracerl.io.state import fsync_dir, load_state, save_state
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.config import parse_json
+from tracerl.io.files.run_folder import OutsideRun, remove, run_path, write_atomic
+from tracerl.io.files.state import fsync_dir, load_state, save_state
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, as_saved_today, config_changes
 
 MODEL_FILE, OPTIMIZER_FILE, PREDICTOR_FILE, TRAINER_FILE = "model.pt", "optimizer.pt", "predictor.npz", "trainer.npz"
@@ -243,7 +243,7 @@ def save_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
 
 
 def _inside(run_dir: str | Path, name: str) -> Path:
-    """`run_dir/name` (`tracerl.io.run_folder.run_path`); CheckpointError when it is a symlink."""
+    """`run_dir/name` (`tracerl.io.files.run_folder.run_path`); CheckpointError when it is a symlink."""
     try:
         return run_path(run_dir, name)
     except OutsideRun as err:

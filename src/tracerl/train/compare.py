@@ -11,7 +11,7 @@ The step-0 evaluation does not depend on the method (same policy, questions and 
 once per seed and shared. With `jobs` > 1 the runs go to that many worker processes, seed by seed in the order of
 the sequential loop; each run then makes its own step-0 evaluation (the same numbers: same policy, questions and seed),
 and a run that fails is reported at the end without stopping the others. A run another process is training (an
-overlapping invocation on the same folder: `tracerl.io.runlog.run_lock`) is skipped with a message, so two
+overlapping invocation on the same folder: `tracerl.io.files.runlog.run_lock`) is skipped with a message, so two
 invocations over the same seeds share the work instead of interleaving one run's steps. The report itself (paired
 differences, equal-token reading, plots) is `tracerl.report.compare`.
 
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tracerl.io.boundary import parse_int
-from tracerl.io.runlog import RunInUse, read_metrics
+from tracerl.io.files.boundary import parse_int
+from tracerl.io.files.runlog import RunInUse, read_metrics
 from tracerl.report.compare import complete_seeds, run_dir_name, seed_spans, write_report
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training

@@ -29,13 +29,13 @@ from tracerl.core.methods import METHODS, AllocationConfig
 from tracerl.core.predictor import PREDICTORS, predictor_class
 from tracerl.core.rules import check_fields, knob, raise_problems
 from tracerl.engines import ENGINES
-from tracerl.io.boundary import listing, parse_int
-from tracerl.io.config import apply_overrides, from_dict, load_file, to_dict
-from tracerl.io.files import check_depth
 from tracerl.io.domains import DOMAINS, check_options, make_domain
-from tracerl.io.runlog import reached_stop
+from tracerl.io.env.task import resolve_task_paths
+from tracerl.io.files import check_depth
+from tracerl.io.files.boundary import listing, parse_int
+from tracerl.io.files.config import apply_overrides, from_dict, load_file, to_dict
+from tracerl.io.files.runlog import reached_stop
 from tracerl.policy.embedded_config import EmbeddedConfig
-from tracerl.io.task import resolve_task_paths
 
 DATA_DOMAINS = (*DOMAINS, "task")  # the built-in domains, and a task of your own (docs/tasks.md)
 # the attention and MLP projections of Qwen3, LLaMA, Mistral and their kin: LoRA's usual targets
@@ -114,7 +114,7 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class DataConfig:
     domain: str = knob("multihop", choices=DATA_DOMAINS)  # one of multihop, math, funcall, bfcl, or task (your own; set by data.task/train_files)
-    task: str = ""  # your own task: "module:function" returning tracerl.io.task.UserTask (see docs/tasks.md)
+    task: str = ""  # your own task: "module:function" returning tracerl.io.env.task.UserTask (see docs/tasks.md)
     train_files: tuple[str, ...] = ()  # parquet/JSONL rows in verl's layout; replace the task's own training rows
     test_files: tuple[str, ...] = ()  # parquet/JSONL held-out rows in verl's layout; replace the task's own
     options: dict = field(default_factory=dict)  # the built-in domain's constructor options, e.g. math's mix (docs/domains.md)

@@ -1,9 +1,10 @@
 """The policy a run trains: the embedded tiny model (built or loaded from its cache) or a local Hugging Face model.
 
-`load_policy(config)` returns everything the trainer needs around the weights: the tokenizer's chat renderer, the
-domain, the driver limits and the padding id. `policy.model` is "embedded", a local directory or a hub id
-(`from_pretrained` loads a local copy or the hub's cache first; a hub id on an offline machine fails with a
-message naming the fix). The chat template and tool-call format come from the tokenizer (`tracerl.io.chat`).
+`load_policy(config)` is the step that builds the run's policy, before and apart from the trainer
+(`Trainer(config, load_policy(config))`): it returns everything the trainer needs around the weights: the tokenizer's
+chat renderer, the domain, the driver limits and the padding id. `policy.model` is "embedded", a local directory or a
+hub id (`from_pretrained` loads a local copy or the hub's cache first; a hub id on an offline machine fails with a
+message naming the fix). The chat template and tool-call format come from the tokenizer (`tracerl.io.rollout.chat`).
 
 With `policy.lora_rank` > 0 the model gets LoRA adapters (peft, arXiv 2106.09685) on `policy.lora_target_modules`
 and every other weight is frozen. `TrainPolicy.model` is then still the transformers model (the adapters sit inside
@@ -24,8 +25,8 @@ from typing import Any
 
 import torch
 
-from tracerl.io.chat import ChatRenderer
-from tracerl.io.driver import DriverLimits
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.driver import DriverLimits
 from tracerl.train.config import TrainConfig, check_device
 
 
@@ -47,7 +48,7 @@ def _user_task(config: TrainConfig) -> Any:
     if config.data.domain != "task":
         return None
     from tracerl.core.methods import METHODS
-    from tracerl.io.task import load_task
+    from tracerl.io.env.task import load_task
     return load_task(config.data.task, config.data.train_files, config.data.test_files,
                      branching=METHODS[config.method].prefix_policy is not None)
 
@@ -99,7 +100,11 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def load_policy(config: TrainConfig, say: Callable[[str], None] = lambda message: None) -> TrainPolicy:
-    """The run's policy on `policy.device`, with LoRA adapters when `policy.lora_rank` > 0."""
+    """The run's policy on `policy.device`, with LoRA adapters when `policy.lora_rank` > 0: the embedded policy
+    loaded from its cache, or built there on first use (minutes, on `tracerl.policy.embedded.BUILD_THREADS` threads,
+    its progress told to `say`), or `policy.model`'s weights. The machine is checked first (`check_machine`), so a
+    missing package or device is told before a build."""
+    config.check_machine()
     policy = _load_base(config, say)
     if config.policy.lora_rank:
         policy.peft = add_lora(policy.model, config)

@@ -14,6 +14,9 @@ reference model, the in-process engine and each micro-batch live on `policy.devi
 only the adapters are trained, the KL reference is the model with its adapters switched off, and a served engine
 receives the merged weights (`tracerl.train.policy`).
 
+The policy is built before the trainer, as a step of its own (`tracerl.train.policy.load_policy`: the embedded build,
+from its cache or trained on first use, or a model path), and given to it: `Trainer(config, load_policy(config))`.
+
 Every step's sampling draws on seeds derived from (run seed, step), and every other random state (data order,
 allocation, predictor) is saved in the checkpoint, so a run resumed from a checkpoint produces the same metrics
 as one that never stopped (`tests/e2e`).
@@ -23,6 +26,7 @@ Deliberately not here: distributed training, learning-rate schedules, a value mo
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -40,18 +44,19 @@ from tracerl.core.step import Sampler, StepResult
 from tracerl.core.tree import Tree
 from tracerl.engines import make_engine, torch_threads
 from tracerl.executors import make_runner
-from tracerl.io.boundary import listing
-from tracerl.io.driver import check_prompt_lengths
-from tracerl.io.run_folder import replacing, run_path
-from tracerl.io.runlog import METRICS_FILE, RunLog, run_lock, write_trees
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.run_folder import replacing, run_path
+from tracerl.io.files.runlog import METRICS_FILE, RunLog, run_lock, write_trees
+from tracerl.io.rollout.driver import ReActDriver, check_prompt_lengths
+from tracerl.io.rollout.engine import SamplingParams
+from tracerl.policy.embedded import run_provenance, write_provenance
+from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
 from tracerl.train.config import RESUMABLE_CHANGES, TrainConfig, resume_differences
-from tracerl.policy.embedded import run_provenance, write_provenance
-from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train.loss import batch_logprobs, batch_policy_loss
-from tracerl.train.policy import (autocast, compute_dtype, load_policy, merged_state_dict, sampling_dtype,
-                                  trainable_parameters)
+from tracerl.train.policy import (TrainPolicy, autocast, compute_dtype, load_policy, merged_state_dict,
+                                  sampling_dtype, trainable_parameters)
 
 Say = Callable[[str], None]
 
@@ -67,15 +72,19 @@ def rollout_policy_tokens(tree: Tree) -> int:
 
 
 class Trainer:
-    """Holds the policy, engine, predictor, optimiser and run state of one run directory."""
+    """Holds the policy, engine, predictor, optimiser and run state of one run directory.
 
-    def __init__(self, config: TrainConfig, *, say: Say | None = None):
+    `policy` is the run's policy as `load_policy(config)` returns it (built or loaded, on `policy.device`, with LoRA
+    adapters when `policy.lora_rank` > 0); the trainer trains its model in place, and its KL reference (full
+    fine-tuning with `optim.kl_coef` > 0) is a frozen copy of the weights as given."""
+
+    def __init__(self, config: TrainConfig, policy: TrainPolicy, *, say: Say | None = None):
         config.check_machine()  # Ray, the CUDA device, peft, the model: what a config built in code skipped
         self.config = config
         self.say = say or (lambda message: None)
         self.method = get_method(config.method)
         self.out = config.out_dir()
-        self.policy = load_policy(config, self.say)  # on policy.device, with LoRA adapters if policy.lora_rank > 0
+        self.policy = policy
         self.model = self.policy.model
         self.device = self.policy.device
         # transformers: the model with its adapters inside its layers, so it samples the adapted policy; vLLM: loaded
@@ -85,7 +94,7 @@ class Trainer:
                                   weights=lambda: merged_state_dict(self.model), seed=config.run.seed, say=self.say)
         self.ref_model = None  # a frozen copy of the initial policy (KL term, full fine-tuning)
         if config.optim.kl_coef > 0 and self.policy.peft is None:  # with LoRA the base model is the reference
-            self.ref_model = load_policy(config, self.say).model.eval().requires_grad_(False)
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=config.optim.lr,
                                            betas=config.optim.betas, weight_decay=config.optim.weight_decay)
         self.uses_predictor = self.method.predictor != "none"
@@ -125,7 +134,7 @@ class Trainer:
             return
         if self.config.policy.engine != "openai" or not self.config.policy.sync_weights:
             return
-        path = run_path(self.out, "sync", "weights.pt")  # never written through a symlink (tracerl.io.run_folder)
+        path = run_path(self.out, "sync", "weights.pt")  # never written through a symlink (tracerl.io.files.run_folder)
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path, fsync=False) as f:  # the server reads it now; a crash loses nothing of the run
             torch.save(merged_state_dict(self.model), f)
@@ -210,9 +219,7 @@ class Trainer:
             weight += share
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
-                                                       cfg.grad_clip or float("inf"))
-            self.optimizer.step()
+            grad_norm = self.apply_gradient()
         self.model.eval()
         sums = {key: value / weight for key, value in sums.items()} if weight else {}
         sums.update({"train/grad_norm": float(grad_norm),
@@ -261,6 +268,36 @@ class Trainer:
             with self.policy.peft.disable_adapter():
                 return batch_logprobs(self.model, batch, temperature)
 
+    def gradient(self, trees: list[Tree], advantages: list[TreeAdvantages]) -> tuple[torch.Tensor, float]:
+        """The gradient of the step's loss over `trees` (one epoch of `update_policy`, before clipping) as one float64
+        vector over the trainable parameters (in their order; zero where a parameter got none), and the loss
+        normaliser. The gradient stays in the parameters' `.grad`, where `apply_gradient` steps on it; the model is
+        left in eval mode."""
+        self.model.train()
+        _, _, total, _ = self.accumulate_gradient(trees, advantages)
+        self.model.eval()
+        params = trainable_parameters(self.model)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
+        return flat, float(total)
+
+    def apply_gradient(self) -> torch.Tensor:
+        """The update `update_policy` makes of the gradient in the parameters' `.grad`: clipped to `optim.grad_clip`
+        (total norm; 0: no clip), then one optimizer step. Returns the norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model),
+                                                   self.config.optim.grad_clip or float("inf"))
+        self.optimizer.step()
+        return grad_norm
+
+    def rollouts(self, rows: list[dict[str, Any]], samples: int, seed: int) -> tuple[list[Tree], int]:
+        """`samples` fresh rollouts of each of `rows` from the policy being trained, on the trainer's engine at the
+        run's sampling temperature with `seed`, outside the run's steps: the runner, the sampler and the step index
+        are untouched. Returns (one tree per row, the tokens sampled)."""
+        driver = ReActDriver(self.engine, self.policy.renderer, self.policy.domain, limits=self.policy.limits,
+                             sampling=SamplingParams(temperature=self.config.sampling.temperature, seed=seed))
+        driver.set_rows(rows)
+        with torch.no_grad():
+            return driver.run_roots(list(range(len(rows))), [samples] * len(rows))
+
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, log: bool = True) -> dict[str, Any]:
         """Held-out avg@k on the run's fixed evaluation questions (same questions and seed every time); `log`
@@ -284,12 +321,50 @@ class Trainer:
         own config must equal, up to `RESUMABLE_CHANGES` (a training resume passes the config it trains with, so a
         run whose config.json is gone is still held to what was trained); None: the run's `config.json` (`tracerl
         eval --checkpoint`, whose evaluation settings may differ from the run's)."""
-        state = checkpoint.load(self.out, self.model, self.optimizer, None, config=config)
+        state = self.load_checkpoint(self.out, config)
         if state is None:
             return False
-        self.step, self.totals = int(state["step"]), dict(state["totals"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.restore(state)
         return True
+
+    def load_checkpoint(self, run_dir: str | Path, config: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The newest checkpoint of `run_dir` (this run's or another's) loaded into the model and the optimizer, its
+        config checked as `resume` says (None: that run's `config.json`). Returns the trainer state it holds (`step`,
+        `totals`, `sampler`), which `restore` applies, or None when the run has no checkpoint."""
+        return checkpoint.load(run_dir, self.model, self.optimizer, None, config=config)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of what a step changes: `weights`, `optimizer` (its state), `sampler` (the pool's cursor, the
+        allocation RNG, the prices, the predictor), `step` and `totals`; `restore` puts it back."""
+        return {"weights": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "sampler": copy.deepcopy(self.sampler.state_dict()), "step": self.step, "totals": dict(self.totals)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back the parts of a `snapshot` that `state` holds (a checkpoint's trainer state holds `step`, `totals`
+        and `sampler`). The optimizer takes the state's moments with this trainer's own settings (`optim.lr`,
+        `betas`, `weight_decay`), which may differ from those the state was saved with."""
+        if "weights" in state:
+            with torch.no_grad():
+                self.model.load_state_dict(state["weights"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+            optim = self.config.optim
+            for group in self.optimizer.param_groups:
+                group.update(lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+        if "sampler" in state:
+            self.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
+        if "step" in state:
+            self.step = int(state["step"])
+        if "totals" in state:
+            self.totals = dict(state["totals"])
+
+    def skip_steps(self, num: int) -> None:
+        """Move on `num` steps without taking them: the sampler passes over their pools (`Sampler.skip_pools`) and
+        the step index, which seeds a step's sampling, moves on by `num`; nothing else changes. The next step is then
+        another draw of the step the run would take, on another pool and seed."""
+        self.sampler.skip_pools(num)
+        self.step += num
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -319,11 +394,13 @@ def run_training(config: TrainConfig, *, resume: bool = False, say: Say | None =
 
     `initial_eval`: the step-0 evaluation row of another run with the same policy, evaluation questions and seed
     (it does not depend on the method), logged instead of evaluating again.
-    Raises `tracerl.io.runlog.RunInUse` while another process trains the same run directory.
+    Raises `tracerl.io.files.runlog.RunInUse` while another process trains the same run directory.
     Returns {"before": eval row, "after": eval row, "improvement": after - before, "out_dir": ...}."""
     with run_lock(config.out_dir()):  # RunInUse if another process trains this folder
         _check_run_dir(config, resume)  # under the lock: what another process did to the folder is done
-        trainer = Trainer(config, say=say)  # a first build of the embedded policy uses torch's default threads
+        # the policy is built (an embedded build pins its own threads) and loaded, and the trainer made, outside
+        # run.num_threads, as they always were: the same threads give the same weights and the same first draws
+        trainer = Trainer(config, load_policy(config, say or (lambda message: None)), say=say)
         try:
             with torch_threads(config.run.num_threads):
                 return _train(trainer, config, resume, say, progress, initial_eval)
@@ -425,7 +502,7 @@ def _check_run_dir(config: TrainConfig, resume: bool) -> None:
 
 
 def _existing_evals(trainer: Trainer) -> list[dict[str, Any]]:
-    from tracerl.io.runlog import read_metrics
+    from tracerl.io.files.runlog import read_metrics
 
     if not trainer.log.path.exists():
         return []

@@ -30,8 +30,8 @@ rollouts (`force_plan`, counted in `alloc/forced_prompts`).
 (`actor_rollout_ref.rollout.multi_turn.tool_config_path`), a file of function tools (`...multi_turn.
 function_tool_path`) or a custom reward function
 (`reward.custom_reward_function.path`/`.name`, or the legacy top-level `custom_reward_function`), loaded by
-`tracerl.io.verl_task` (without a custom reward, verl's `default_compute_score` scores by `data_source`, as in verl);
-otherwise the built-in `tracerl.domain`.
+`tracerl.io.env.verl_task` (without a custom reward, verl's `default_compute_score` scores by `data_source`, as in
+verl); otherwise the built-in `tracerl.domain`.
 
 Not offered here yet: budgets in tokens (`budget_unit = "tokens"` in the allocation section) and a step's token
 cap (`token_cap`): their prices are learned from a step's trees and shared by every tree of the step, while
@@ -51,9 +51,9 @@ from tracerl.core.growth import force_plan, plan_roots
 from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.rules import check_fields, knob
-from tracerl.io.config import from_dict
 from tracerl.io.domains import make_domain
-from tracerl.io.driver import DriverLimits
+from tracerl.io.files.config import from_dict
+from tracerl.io.rollout.driver import DriverLimits
 from tracerl.train.config import PredictorConfig
 
 ESTIMATOR = "tracerl_tree"  # the name the identity advantage estimator is registered under in verl
@@ -228,7 +228,7 @@ def task_domain(settings: dict[str, Any], domain: str, options: Mapping[str, Any
     as the workers."""
     if not (settings["tool_config_path"] or settings.get("function_tool_path") or settings["reward_path"]):
         return make_domain(domain, **dict(options or {}))
-    from tracerl.io.verl_task import verl_task
+    from tracerl.io.env.verl_task import verl_task
 
     default = None
     if not settings["reward_path"]:

@@ -28,7 +28,6 @@ import numpy as np
 from tracerl.core.advantages import AdvantageConfig, compute_advantages
 from tracerl.core.history import History
 from tracerl.core.ledger import BudgetLedger, Prices, make_prices
-from tracerl.core.metrics import raw_advantages
 from tracerl.core.predictor import make_predictor
 from tracerl.core.step import learn, measure
 from tracerl.core.tree import Tree
@@ -63,8 +62,7 @@ def step_metrics(trees: Sequence[Tree], config: TraceVerlConfig) -> dict[str, fl
     options = AdvantageConfig(**config.advantage_options)
     name = config.advantage_name
     advs = [compute_advantages(name, [tree], options)[0] for tree in trees]
-    raw = [raw_advantages(name, [tree], [adv], options)[0] for tree, adv in zip(trees, advs)]
-    _, measured = measure(trees, advs, raw, ledger)  # tracerl.core.step's, the trainer's own
+    _, measured = measure(trees, advs, ledger, name, options)  # tracerl.core.step's, the trainer's own
     return {**{key: float(value) for key, value in measured.items()}, "alloc/num_trees": float(len(trees))}
 
 

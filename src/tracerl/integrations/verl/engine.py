@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from verl.workers.rollout.replica import TokenOutput
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.rollout.engine import Completion, SamplingParams
 
 
 class RolloutFailed(RuntimeError):

@@ -43,7 +43,7 @@ from tracerl.integrations.verl.config import (ESTIMATOR, BatchPlan, TraceVerlCon
 from tracerl.integrations.verl.coordinator import TraceCoordinator
 from tracerl.integrations.verl.rows import tracerl_row
 from tracerl.integrations.verl.worker import TraceAgentLoopWorker
-from tracerl.io.driver import prompt_id
+from tracerl.io.rollout.driver import prompt_id
 
 logger = logging.getLogger(__name__)
 

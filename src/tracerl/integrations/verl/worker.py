@@ -47,9 +47,9 @@ from tracerl.core.tree import Tree
 from tracerl.integrations.verl.config import TraceVerlConfig, task_domain, task_settings
 from tracerl.integrations.verl.engine import RolloutTimeout, VerlEngine
 from tracerl.integrations.verl.rows import LeafRow, leaf_rows, tracerl_row
-from tracerl.io.chat import ChatRenderer
-from tracerl.io.driver import DriverLimits, ReActDriver
-from tracerl.io.engine import SamplingParams
+from tracerl.io.rollout.chat import ChatRenderer
+from tracerl.io.rollout.driver import DriverLimits, ReActDriver
+from tracerl.io.rollout.engine import SamplingParams
 
 logger = logging.getLogger(__name__)
 

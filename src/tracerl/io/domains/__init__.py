@@ -12,7 +12,7 @@ import importlib
 import inspect
 from typing import Any
 
-from tracerl.io.boundary import listing
+from tracerl.io.files.boundary import listing
 
 # name -> (module, class): the built-in domains
 _BUILT_IN = {

@@ -19,9 +19,9 @@ import numpy as np
 
 from tracerl.core.history import History
 
-from tracerl.io.actions import Tool, call_tool, parse_action
-from tracerl.io.boundary import listing
 from tracerl.io.env import StepResult
+from tracerl.io.env.actions import Tool, call_tool, parse_action
+from tracerl.io.files.boundary import listing
 
 
 class ToolEnv:

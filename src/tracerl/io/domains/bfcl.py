@@ -56,10 +56,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tracerl.io.actions import Tool, parse_action
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.domains.funcall import format_tool_call
 from tracerl.io.env import StepResult
+from tracerl.io.env.actions import Tool, parse_action
 from tracerl.io.files import read_utf8
 
 INSTALL_LINE = 'pip install --no-deps "bfcl-eval==2026.3.23" "mpmath>=1.3"'

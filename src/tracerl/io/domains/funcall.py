@@ -40,10 +40,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool
-from tracerl.io.boundary import listing
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
-from tracerl.io.rows import non_finite
+from tracerl.io.env.actions import Tool
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.rows import non_finite
 
 DATA_SOURCE = "funcall"
 TEST_FRACTION = 0.2  # share of question texts that belong to the test split
@@ -254,7 +254,7 @@ def calls_included(required: Sequence[dict[str, Any]], executed: Sequence[dict[s
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The policy text of one tool call, in the format `tracerl.io.actions.parse_action` reads."""
+    """The policy text of one tool call, in the format `tracerl.io.env.actions.parse_action` reads."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 

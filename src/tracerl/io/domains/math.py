@@ -39,12 +39,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool, parse_action
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
 from tracerl.io.env import StepResult
-from tracerl.io.boundary import listing
+from tracerl.io.env.actions import Tool, parse_action
 from tracerl.io.files import read_utf8
-from tracerl.io.rows import check_row, non_finite, parquet_records
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.rows import check_row, non_finite, parquet_records
 
 GENERATORS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "products")
 DEFAULT_MIX = {"gsm_symbolic": 0.5, "basic_arithmetic": 0.25, "chain_sum": 0.25}

@@ -37,12 +37,12 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool
-from tracerl.io.boundary import listing
 from tracerl.io.domains.base import Domain, ToolEnv, make_row
+from tracerl.io.domains.retrieval import BM25Index
+from tracerl.io.env.actions import Tool
 from tracerl.io.files import read_utf8
-from tracerl.io.retrieval import BM25Index
-from tracerl.io.rows import check_ids, check_row, non_finite
+from tracerl.io.files.boundary import listing
+from tracerl.io.files.rows import check_ids, check_row, non_finite
 
 
 class Relation(NamedTuple):

@@ -27,8 +27,8 @@ Measured per tool call on a 2-core machine, in a process that imported torch (`b
 left running after every call) costs 2 to 12 ms there, 10 to 28 ms when the machine is loaded, as the page tables of
 a large process are copied every time.
 
-Deliberately not here: what a result means (`tracerl.io.rewards`, `tracerl.io.task_tools`), sandboxing model-written
-code (`tracerl.io.sandbox`: this runner bounds time and output, not what the code may touch).
+Deliberately not here: what a result means (`tracerl.io.env.rewards`, `tracerl.io.env.task_tools`), sandboxing
+model-written code (`tracerl.io.sandbox`: this runner bounds time and output, not what the code may touch).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The warm launcher server of `tracerl.io.sandbox`, and the messages between it and the calling process.
 
-`serve` runs in a launcher started once per calling process (`sandbox_child.py --serve`): for each call it forks a
+`serve` runs in a launcher started once per calling process (`child.py --serve`): for each call it forks a
 launcher, which leaves `serve` in the state of a launcher freshly started for that call alone (`become_launcher`)
 and goes on to apply every layer itself. Before forking it lets the launcher build what depends only on the call's
 config (`prepare`: the seccomp filter), so that each fork inherits it ready instead of building it on the call's
 path. The server never runs model code and holds nothing of a call but its request (paths, limits, the config's
 tables); each fork is one call's and serves no other.
 
-Like `sandbox_child.py` it is stdlib only and valid Python 3.8: the launcher may run under a system python that
-cannot import tracerl, so `sandbox.py` hands it this file's text, which the launcher registers under this module's
-name before it runs. Nothing here applies a layer.
+Like `child.py` it is stdlib only and valid Python 3.8: the launcher may run under a system python that
+cannot import tracerl, so `tracerl.io.sandbox` hands it this file's text, which the launcher registers under this
+module's name before it runs. Nothing here applies a layer.
 """
 
 import json

@@ -15,7 +15,7 @@ run trains, and a second process that asks for it gets `RunInUse` naming the hol
 run (two overlapping `tracerl compare` invocations, a second `tracerl train --resume`) cannot interleave their
 steps in one folder. The kernel drops the lock when its process ends, killed or not: no stale lock to clean up.
 
-Every file here is named through `tracerl.io.run_folder.run_path` and written by its `replacing` (`write_atomic`)
+Every file here is named through `tracerl.io.files.run_folder.run_path` and written by its `replacing` (`write_atomic`)
 or `open_append`: a metrics file, lock, trees folder or config that is a symlink is refused (`OutsideRun`, naming it),
 never read or written through, so no run appends to, truncates or reports another's records.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.io.files import decode_utf8
-from tracerl.io.run_folder import open_append, replacing, run_path, write_atomic
+from tracerl.io.files.run_folder import open_append, replacing, run_path, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run; it holds that process's pid

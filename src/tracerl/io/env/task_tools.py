@@ -7,10 +7,10 @@ paragraph describes the tool; `name: text` lines under `Args:` describe paramete
 `tuple[A, B]` `prefixItems`, `dict[str, T]` `additionalProperties`, a Literal or an Enum class is an `enum` of its
 values (an Enum parameter receives the member). Or an explicit schema (`tool(fn, schema=...)`). A leading `state`
 parameter is the episode's state, never shown to the model; `tool(state="copy" | "replay")` says how it branches
-(`tracerl.io.task`). A tool may return a `ToolOutput` to leave a step reward on its turn. A schema nesting deeper
+(`tracerl.io.env.task`). A tool may return a `ToolOutput` to leave a step reward on its turn. A schema nesting deeper
 than `MAX_SCHEMA_DEPTH` fails at load (every walk over it is then bounded).
 
-`ToolRunner` runs a task's tools and state factories in `tracerl.io.user_code.Runner`, the runner of all user code:
+`ToolRunner` runs a task's tools and state factories in `tracerl.io.env.user_code.Runner`, the runner of all user code:
 with `isolation="process"` (the default) in two worker processes forked from the trainer at the first call, which
 hold the functions from that fork (closures work) and get the state and arguments pickled; a call past `timeout_s`
 is killed with its worker and everything the worker started, and the worker replaced. With "thread" a call runs in
@@ -18,8 +18,8 @@ this process and is abandoned at the deadline. What a tool returns is cut to `ma
 before it is sent back; a step reward that is not a finite number is a failed call. `counts` has the calls, errors
 and timeouts.
 
-Deliberately not here: checking arguments and phrasing errors (`tracerl.io.actions.call_tool`), episodes and
-branching (`tracerl.io.task`).
+Deliberately not here: checking arguments and phrasing errors (`tracerl.io.env.actions.call_tool`), episodes and
+branching (`tracerl.io.env.task`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tracerl.io.actions import Tool, nesting_depth
-from tracerl.io.user_code import CallFailed, CallTimeout, Runner, describe, finite_number
+from tracerl.io.env.actions import Tool, nesting_depth
+from tracerl.io.env.user_code import CallFailed, CallTimeout, Runner, describe, finite_number
 
 STATE_KINDS = ("copy", "replay")
 ISOLATIONS = ("process", "thread")

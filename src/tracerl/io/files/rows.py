@@ -20,7 +20,7 @@ two rows of one load with one id (`prompt_id`, the id of a row's trees and histo
 offset of its first bad byte (`tracerl.io.files.read_utf8`), a parquet text value that is not UTF-8 its column.
 
 Deliberately not here: what the text says (control tokens written in it are neutralised when the prompt is
-rendered, by the function that neutralises tool observations: `tracerl.io.chat.neutralise`), images and other
+rendered, by the function that neutralises tool observations: `tracerl.io.rollout.chat.neutralise`), images and other
 non-text content parts, tool calls and tool messages inside a prompt.
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracerl.io.boundary import listing
 from tracerl.io.files import read_utf8
+from tracerl.io.files.boundary import listing
 
 ROLES = ("system", "user", "assistant")
 MESSAGE = "{'role': 'user', 'content': '...'}"

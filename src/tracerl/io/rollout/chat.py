@@ -15,7 +15,7 @@ through before it is encoded. It puts a zero-width space after the first charact
 token of the tokenizer (`<|im_end|>`, `<|im_start|>`, `<tool_call>`, ...) written in the text, so it is encoded as
 plain text, never as the control token, and replaces lone surrogates (a JSON "\\ud800") with "?". `prompt_text`
 applies it to every message of a prompt (a data row's system messages and question) and every string of the tool
-schemas; the driver applies it to every observation (`tracerl.io.driver`).
+schemas; the driver applies it to every observation (`tracerl.io.rollout.driver`).
 """
 
 from __future__ import annotations

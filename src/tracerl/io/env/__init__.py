@@ -7,6 +7,10 @@ inserts next. `snapshot()`/`restore()` let a continuation resume the exact state
 
 Bad model output is data, never an exception: an unparseable tool call, an unknown tool, wrong
 arguments, a tool that raises or times out all come back as an observation with `tool_error=True`.
+
+The environments' room: beside the protocol, tool calls (`actions`), the one runner for a user's code (`user_code`),
+rewards in a pool (`rewards`) and a user's own task (`task`, `task_tools`; `verl_task` reads verl's tool and reward
+files into one). The built-in domains are a room of their own, above this one (`tracerl.io.domains`).
 """
 
 from __future__ import annotations

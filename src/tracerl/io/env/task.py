@@ -14,11 +14,11 @@ trainer and the embedded policy's warm start run it unchanged.
   return a `ToolOutput` to leave a step reward on its turn's node.
 - The reward has verl's custom-reward signature `compute_score(data_source, solution_str, ground_truth,
   extra_info)` and returns a number or a dict with a numeric "score" (or is a list of such functions, weighted). It
-  runs in the task's `RewardPool` (`tracerl.io.rewards`: workers, a timeout per call, counts). One that raises, times
-  out or returns anything else makes the leaf fail: `step` raises `RewardError`, which the driver turns into a
+  runs in the task's `RewardPool` (`tracerl.io.env.rewards`: workers, a timeout per call, counts). One that raises,
+  times out or returns anything else makes the leaf fail: `step` raises `RewardError`, which the driver turns into a
   failed leaf and counts (`rollout/reward_errors` or `rollout/reward_timeouts`, and `rollout/env_exceptions`); the
   run goes on.
-- Tools and state factories (`make_state`, `close_state`) run in the task's `ToolRunner` (`tracerl.io.task_tools`):
+- Tools and state factories (`make_state`, `close_state`) run in the task's `ToolRunner` (`tracerl.io.env.task_tools`):
   by default in worker processes, a call past `tool_timeout_s` killed with its worker and everything it started,
   its text cut to `max_tool_output_chars` where it runs. A tool that times out, raises or dies is an error observation
   the model sees (counted: `rollout/tool_errors`, and `rollout/tool_timeouts`); a `make_state` that fails raises
@@ -37,7 +37,7 @@ shows where they differ). A stateful tool that declares neither fails at load un
 otherwise runs. Stateless tools (no `state` parameter) need nothing and are never replayed.
 
 Deliberately not here: async tools, tools that return images, reading parquet without pyarrow. verl's `BaseTool`
-classes, tool config YAML and custom reward settings load into a `UserTask` in `tracerl.io.verl_task`.
+classes, tool config YAML and custom reward settings load into a `UserTask` in `tracerl.io.env.verl_task`.
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tracerl.core.history import History
-from tracerl.io.actions import Tool, call_tool, nesting_depth, parse_action
 from tracerl.io.env import EpisodeError, StepResult
-from tracerl.io.rows import check_ids, check_row, non_finite, read_row_file
-from tracerl.io.rewards import RewardError, RewardPool, score_of  # noqa: F401 (RewardError, score_of: public here)
-from tracerl.io.task_tools import (STATE_KINDS, ToolOutput, ToolRunner, UserTool,  # noqa: F401 (public here too)
+from tracerl.io.env.actions import Tool, call_tool, nesting_depth, parse_action
+from tracerl.io.env.rewards import RewardError, RewardPool, score_of  # noqa: F401 (RewardError, score_of: public here)
+from tracerl.io.env.task_tools import (STATE_KINDS, ToolOutput, ToolRunner, UserTool,  # noqa: F401 (public here too)
                                    make_tool, schema_from_function, tool)
-from tracerl.io.user_code import CallFailed, CallTimeout, ResultNotSent
+from tracerl.io.env.user_code import CallFailed, CallTimeout, ResultNotSent
+from tracerl.io.files.rows import check_ids, check_row, non_finite, read_row_file
 
 REWARD_ARGUMENTS = dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))  # verl's call
 MAX_ROW_DEPTH = 64  # levels of lists and objects in a row; deeper fails at load
@@ -86,7 +86,7 @@ def load_rows(paths: Sequence[str | Path], split: str) -> list[dict[str, Any]]:
             if nesting_depth(row, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:  # deep copies and JSON of it would recurse
                 raise ValueError(f"{where} nests deeper than {MAX_ROW_DEPTH} levels of lists and objects; flatten "
                                  "its fields (extra_info, the ground truth)")
-            row = check_row(row, where)  # fields, message shapes and types (tracerl.io.rows)
+            row = check_row(row, where)  # fields, message shapes and types (tracerl.io.files.rows)
             prompt, reward_model = row["prompt"], row["reward_model"]
             extra = dict(row.get("extra_info") or {})
             extra.setdefault("index", len(rows))
@@ -507,7 +507,7 @@ def load_task(spec: str = "", train_files: Sequence[str] = (), test_files: Seque
         raise ValueError(f"data.task={spec!r}: {_where_raised(err)}: {attr}() raised {type(err).__name__}: "
                          f"{err}") from None
     if not isinstance(task, UserTask):
-        raise ValueError(f"data.task={spec!r} returned {type(task).__name__}, not tracerl.io.task.UserTask")
+        raise ValueError(f"data.task={spec!r} returned {type(task).__name__}, not tracerl.io.env.task.UserTask")
     if train_files or test_files:
         task = UserTask(**{**task.__dict__, **({"train_files": tuple(train_files)} if train_files else {}),
                            **({"test_files": tuple(test_files)} if test_files else {})})

@@ -1,6 +1,6 @@
 """The syscall tables of the sandbox's seccomp filter, per machine: the numbers the code may call freely and the
 ones the filter checks by argument. The parent passes this machine's table to the launcher in its config
-(`seccomp_table`); the filter itself, and which arguments pass, are the launcher's (`sandbox_child.seccomp_program`).
+(`seccomp_table`); the filter itself, and which arguments pass, are the launcher's (`child.seccomp_program`).
 Numbers only, no policy: a name missing here is a syscall the code cannot make.
 """
 

@@ -6,7 +6,7 @@ file, cannot be fallocated, truncated or written at an offset, so no descriptor 
 the host's disk; a pipe's buffer is a kernel object of at most a few pages. The parent reads each pipe as output
 arrives and keeps at most `cap_bytes` of it (`SandboxLimits.max_file_mb`); one byte past that, it closes its end, so
 the code's next write to that stream fails (EPIPE: BrokenPipeError) and the call reports an output limit. The
-FIFOs go by path because the warm launcher server opens the call's files by path (`sandbox_serve.serve`).
+FIFOs go by path because the warm launcher server opens the call's files by path (`serve.serve`).
 
 What it does not do: decode the output or cut it to `max_output_chars` (that is `capped_text`, after the call).
 """

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.core.predictor import Predictor, make_predictor
-from tracerl.io.run_folder import replacing
+from tracerl.io.files.run_folder import replacing
 
 _JSON_KEY = "__json__"
 _ARRAY_TAG = "__ndarray__"

@@ -1,27 +1,32 @@
 """Run model-written Python in a contained child process and turn the outcome into an observation.
 
+The sandbox's room: this module, and what it is made of: the launcher (`child`, with `serve` and `exit`, whose text
+runs under the launcher's own Python), the seccomp table (`syscalls`), what a call may read (`view`), cgroups
+(`cgroups`, made ahead by `pool`), output capture (`output`) and cleanup (`cleanup`). All of it is stdlib only and
+imports nothing outside this folder, so a copy of the folder runs alone (the non-root tests run one as `nobody`).
+
 `run_python(code)` runs a launcher (an interpreter started `-s -S`: no site, no user site, stdlib only; forked
 for each call from this process's warm launcher server, `_LaunchServer`, in the state a freshly started one
 would have) in its own session and process group, in a new temporary working directory that is removed
 afterwards, with an environment built from scratch (no inherited secrets; PATH=/usr/bin:/bin, HOME=TMPDIR=the
 workdir, PYTHONHASHSEED=0 so that replaying the same code prints the same set order). Workdirs live under a
 private parent (0711, one per process, removed at exit). The code's stdin is /dev/null, its stdout and stderr the
-write ends of two pipes that this process drains while it waits and caps at `max_file_mb` each (`sandbox_output`):
+write ends of two pipes that this process drains while it waits and caps at `max_file_mb` each (`output`):
 no descriptor the code holds is a file of the host, so none can be fallocated, truncated or written far past the
-limits. The launcher (`sandbox_child.py`) applies these layers before the model's code runs; each one that took
+limits. The launcher (`child.py`) applies these layers before the model's code runs; each one that took
 effect is listed in `SandboxResult.layers`. No guarantee rests on the audit hook: the tests check each one with it
 switched off. When the code is done, its process ends as a Python script ends, minus the interpreter's teardown
-(`sandbox_exit`: threads joined, atexit run, its globals finalized, streams flushed).
+(`exit`: threads joined, atexit run, its globals finalized, streams flushed).
 
 Nothing of one call reaches another: the launcher is forked from a server that never runs model code, so each
 call starts from the same memory; the workdir, its tmpfs, the namespaces, the uid and the cgroups are made for the
-call and end with it. What is made ahead (the cgroups, `sandbox_pool`; the seccomp filter, built once by the
+call and end with it. What is made ahead (the cgroups, `pool`; the seccomp filter, built once by the
 server) is made fresh for one call and never handed to a second; what can wait until a call has returned (removing
 its cgroups, reaping its launcher) is done after it returns. `tests/sandbox/test_sandbox_fresh_calls.py` has a
 call leave everything it can behind and the next one look for it.
 
 - `seccomp` (required, else SandboxError): an allowlist BPF filter (x86_64, arm64). The code may make only
-  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in `sandbox_syscalls`);
+  the syscalls CPython needs to run stdlib code and use its workdir (traced; see `ALLOWED` in `syscalls`);
   every other one fails with EPERM: no socket or socketpair of any family, no SysV or POSIX IPC, no memfd,
   no chmod/chown/xattr/utime (Landlock does not mediate them), no fork/exec/setsid, no personality,
   namespaces, mounts, ptrace, process_vm_*, pidfd, io_uring, bpf, perf, keys or userfaultfd, and no file lock
@@ -47,7 +52,7 @@ call leave everything it can behind and the next one look for it.
   max_disk_mb (tmpfs pages are charged to their writer, so the workdir's files count) and pids.max =
   max_processes (threads and the launcher included). The code cannot leave them or raise their limits: the
   cgroup files are root's (uid drop), read-only (readonly_fs) and outside Landlock's write roots. They are made
-  while an earlier call runs, for exactly the call's limits, and removed after the call (`sandbox_pool`).
+  while an earlier call runs, for exactly the call's limits, and removed after the call (`pool`).
 - `uid_drop` (only when the caller is root): the code runs as a uid of its own, UID_BASE + the launcher's
   pid, with no groups: file permissions and signal rules protect the host, and RLIMIT_NPROC (counted per
   uid) is the call's alone. Interpreters under /root (pyenv) are unreadable by it, so the sandbox then
@@ -58,11 +63,11 @@ call leave everything it can behind and the next one look for it.
   In either mode the interpreter's prefixes become read roots, so they must be readable by every user: this
   interpreter in a private home (a pyenv under a 0700 home) gives way to a system python3 (`_interpreter`).
 - `landlock` (Linux >= 5.13, any user): the kernel lets the code write only beneath its workdir, read only
-  beneath the read roots (`sandbox_view`: /usr, /lib*, /etc and the prefixes of the interpreter, which every
+  beneath the read roots (`view`: /usr, /lib*, /etc and the prefixes of the interpreter, which every
   user must be able to read) and /dev/null, /dev/{u,}random, /dev/zero, /proc/self and /sys/devices/system/cpu,
   execute nothing, and (ABI 4) bind or connect no TCP socket and (ABI 6) signal no process outside the sandbox.
   Without root the code keeps the caller's uid and groups, so the roots are granted less every entry that other
-  users may not read (found by one walk per process; see `sandbox_view` for what it misses). A uid drop or
+  users may not read (found by one walk per process; see `view` for what it misses). A uid drop or
   Landlock is required (else SandboxError): without either the code could read the caller's files.
 - `rlimits` (always): CPU seconds (SIGXCPU, then SIGKILL one second later), address space, processes,
   file size (SIGXFSZ ignored, so a write past the cap raises `OSError: File too large`), open files, no
@@ -117,14 +122,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Collection
 
-from tracerl.io import sandbox_pool
-from tracerl.io.sandbox_cgroups import cgroup_oom
-from tracerl.io.sandbox_cleanup import kill_group as _kill_group, remove_tree as _remove_tree, \
+from tracerl.io.sandbox.cgroups import cgroup_oom
+from tracerl.io.sandbox.cleanup import kill_group as _kill_group, remove_tree as _remove_tree, \
     remove_workdir as _remove_workdir, tree_bytes as _tree_bytes
-from tracerl.io.sandbox_output import Capture, capped_text, wait_and_drain
-from tracerl.io.sandbox_serve import read_message, write_message
-from tracerl.io.sandbox_syscalls import seccomp_table
-from tracerl.io.sandbox_view import other_accessible, read_roots, read_view
+from tracerl.io.sandbox.output import Capture, capped_text, wait_and_drain
+import tracerl.io.sandbox.pool as sandbox_pool
+from tracerl.io.sandbox.serve import read_message, write_message
+from tracerl.io.sandbox.syscalls import seccomp_table
+from tracerl.io.sandbox.view import other_accessible, read_roots, read_view
 
 # the switchable layers (rlimits are always on; `userns` is on exactly when a non-root caller gets namespaces)
 LAYERS = ("netns", "ipcns", "pidns", "readonly_fs", "disk_quota", "seccomp", "uid_drop", "cgroup", "landlock",
@@ -367,7 +372,7 @@ def _limit_error(limits: SandboxLimits, timed_out: bool, killed_by: str | None, 
 @functools.cache
 def _interpreter(drop: bool) -> str:
     """The Python for the child: the first of this interpreter and the system's that the call's user can start and
-    import the stdlib with, and whose prefixes any user may read (they become read roots: `sandbox_view`). As root
+    import the stdlib with, and whose prefixes any user may read (they become read roots: `view`). As root
     that user is a uid of the sandbox's range (no home, no groups), which Pythons under /root (pyenv) fail; without
     root a Python in a private home fails the second test. Either way a system python3 is the usual fallback."""
     if drop:
@@ -426,7 +431,7 @@ def _private_parent() -> str:
 
 @functools.cache
 def _read_view(python: str, drop_uid: bool) -> dict[str, list[str]]:
-    """What a call may read (`sandbox_view`), once per interpreter and mode: a uid of its own reads as "other"."""
+    """What a call may read (`view`), once per interpreter and mode: a uid of its own reads as "other"."""
     return read_view(read_roots(_prefixes(python, drop_uid)), walk=not drop_uid)
 
 
@@ -450,7 +455,7 @@ def _pidfds() -> bool:
 
 
 class _LaunchServer:
-    """A warm launcher (`sandbox_serve.serve`) per calling process and interpreter: it forks the launcher of each
+    """A warm launcher (`serve.serve`) per calling process and interpreter: it forks the launcher of each
     call, which then applies every layer itself exactly as a freshly started one does, so a call pays a fork instead
     of an interpreter's start, imports and the launcher's compilation. The server runs no model code, holds nothing
     but the stdlib, the launcher and the seccomp filters it built, and is started with the environment all calls
@@ -536,15 +541,15 @@ os.register_at_fork(after_in_child=_forget_servers)
 
 
 def _launcher_text() -> str:
-    """The launcher's script (`python -c <it>`): sandbox_child.py, after the text of its sibling modules is run and
+    """The launcher's script (`python -c <it>`): child.py, after the text of its sibling modules is run and
     registered under their names, since the launcher's Python may not see tracerl."""
     here = Path(__file__).resolve().parent
     lines = ["import sys, types"]
-    for name in ("sandbox_serve", "sandbox_exit"):
+    for name in ("serve", "exit"):
         text = (here / f"{name}.py").read_text(encoding="utf-8")
-        lines += [f"_module = sys.modules['tracerl.io.{name}'] = types.ModuleType('tracerl.io.{name}')",
+        lines += [f"_module = sys.modules['tracerl.io.sandbox.{name}'] = types.ModuleType('tracerl.io.sandbox.{name}')",
                   f"exec(compile({text!r}, '<string>', 'exec'), _module.__dict__)"]
-    return "\n".join(lines + ["del _module", (here / "sandbox_child.py").read_text(encoding="utf-8")])
+    return "\n".join(lines + ["del _module", (here / "child.py").read_text(encoding="utf-8")])
 
 
 # The child's side (layers, then the code) lives in its own files and runs as `python -c <their text>`.

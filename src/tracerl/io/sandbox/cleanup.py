@@ -2,7 +2,7 @@
 workdir whatever the code left in it (any depth, any modes) without changing a mode outside it.
 
 Nothing here decides when a call ends or reads what it printed; `sandbox.run_python` does. Cleanup that can wait
-until a call has returned (its cgroups) is `sandbox_pool`'s.
+until a call has returned (its cgroups) is `pool`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import stat
 import time
 import warnings
 
-from tracerl.io.sandbox_view import scan
+from tracerl.io.sandbox.view import scan
 
 
 def kill_group(pgid: int) -> None:

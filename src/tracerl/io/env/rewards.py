@@ -9,7 +9,7 @@ driver increments (`rollout/reward_errors` or `rollout/reward_timeouts`). The ca
 come back in the order it asks for them, whatever order the workers finish in. A result that is not a finite
 number (NaN, infinity, `10**400`, a string, an array) is a reward error, and so is a weighted sum that overflows.
 
-The calls run in `tracerl.io.user_code.Runner`, the runner of all user code. Pools: "thread" (default; rewards that
+The calls run in `tracerl.io.env.user_code.Runner`, the runner of all user code. Pools: "thread" (default; rewards that
 wait on I/O, a sandbox, a judge server, or release the GIL: past its deadline a call's thread cannot be stopped and
 is abandoned, so the next call does not wait behind it), "process" (CPU-bound Python, or code that can hang: past
 its deadline the worker process is killed, wherever it is stuck, and replaced; the functions must be importable
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracerl.io.env import EpisodeError
-from tracerl.io.user_code import CallFailed, CallTimeout, Runner, describe, finite_number
+from tracerl.io.env.user_code import CallFailed, CallTimeout, Runner, describe, finite_number
 
 POOLS = ("thread", "process", "none")
 WARN_AFTER_CALLS = 8  # warn once when, after at least this many calls, more than half have failed

@@ -1,5 +1,8 @@
 """Reading the files a user or a run wrote: text is UTF-8, and data nests a bounded number of levels.
 
+The files' room: beside this, typed configs (`config`), prompt rows (`rows`), a run's folder (`run_folder`), its
+metrics log and trees (`runlog`), state files (`state`), and numbers and key listings from a peer (`boundary`).
+
 `read_utf8(path)` (and `decode_utf8(data, where)` for bytes already read) is how every data, config and run file
 becomes text: a file that is not UTF-8 (latin-1, UTF-16, a binary file renamed) is a `ValueError` naming the file,
 the offset in the file of the first byte that does not decode, and the fix, instead of a bare `UnicodeDecodeError`

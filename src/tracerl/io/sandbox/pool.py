@@ -7,10 +7,10 @@ finished call's cgroups, and `tend(limits)`, which `run_python` calls while its 
 code runs (the caller only waits then), removes the released ones and makes the next call's. Each cgroup is made
 fresh, handed out once and removed after its call, never handed out again: a cgroup keeps counts of what ran in it
 (OOM kills, limit hits, peak use), which another call would inherit. Ready and released cgroups sit empty under the
-caller's cgroup, named as every call's are (`sandbox_cgroups`): those of a caller killed before its exit are swept
+caller's cgroup, named as every call's are (`cgroups`): those of a caller killed before its exit are swept
 by its successor's first call. A forked copy of the calling process starts with a pool of its own, empty.
 
-Nothing here starts, limits or inspects a process; `sandbox_cgroups` makes, checks and removes the folders.
+Nothing here starts, limits or inspects a process; `cgroups` makes, checks and removes the folders.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import atexit
 import os
 import threading
 
-from tracerl.io import sandbox_cgroups
+import tracerl.io.sandbox.cgroups as sandbox_cgroups
 
 DEPTH = 2  # cgroups kept ready per set of limits: the next call's, and one for a second thread calling at once
 

@@ -15,7 +15,7 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 
-from tracerl.io.engine import Completion, SamplingParams
+from tracerl.io.rollout.engine import Completion, SamplingParams
 
 Script = Callable[[list[int], int, random.Random], "list[int] | tuple[list[int], list[float]]"]
 

@@ -15,7 +15,7 @@ linked step folder would delete what it leads to. So:
   it); `open_append` opens with `O_NOFOLLOW`; `remove` unlinks a symlink and deletes only real folders.
 
 Deliberately not here: a defence against a process that swaps a folder for a symlink between the check and the use
-(one process trains a run folder, `tracerl.io.runlog.run_lock`), and what the files hold (their readers check it).
+(one process trains a run folder, `tracerl.io.files.runlog.run_lock`), and what the files hold (their readers check it).
 """
 
 from __future__ import annotations

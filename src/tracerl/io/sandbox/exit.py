@@ -1,15 +1,15 @@
 """End the sandbox's code process as `python script.py` ends, without the interpreter's teardown.
 
-A launcher forked from the warm server (`sandbox_serve`) shares the server's memory until it writes to it, and
+A launcher forked from the warm server (`serve`) shares the server's memory until it writes to it, and
 tearing an interpreter down writes to nearly all of it (every module's objects are released, the collector walks
 them all), each page copied before it is written: about 6 ms a call on the 2-core CPU machine, more than all the
-layers take to apply (`benchmarks/sandbox_calls.py --layers`). So once the code has run (`sandbox_child.main`),
+layers take to apply (`benchmarks/sandbox_calls.py --layers`). So once the code has run (`child.main`),
 `end_process` does what Python does at exit that the code can see (non-daemon threads joined, atexit functions run,
 SystemExit's code and message, the code's own globals released so that their finalizers run and their buffered files
 are flushed, stdout and stderr flushed) and then leaves with os._exit. What it does not do: finalize objects that
 only the interpreter's teardown reaches (objects held by other modules, cycles the collector would find).
 
-Like `sandbox_child.py` it is stdlib only and valid Python 3.8; `sandbox.py` hands its text to the launcher, which
+Like `child.py` it is stdlib only and valid Python 3.8; `tracerl.io.sandbox` hands its text to the launcher, which
 registers it under this module's name. Nothing here applies a layer.
 """
 

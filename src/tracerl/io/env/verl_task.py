@@ -47,7 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tracerl.io.task import ToolOutput, UserTask, UserTaskDomain, tool
+from tracerl.io.env.task import ToolOutput, UserTask, UserTaskDomain, tool
 
 
 class EventLoopThread:

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tracerl.io.boundary import listing
-from tracerl.io.user_code import CallFailed
+from tracerl.io.env.user_code import CallFailed
+from tracerl.io.files.boundary import listing
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)

@@ -1,6 +1,6 @@
 """What a sandboxed call may read besides its workdir, decided by the parent: the read roots (the system directories
 and the prefixes of the interpreter the call runs) and, for a call without root, the entries beneath them that other
-users may not read. The launcher grants the roots to Landlock minus those entries (`sandbox_child.readable_rules`).
+users may not read. The launcher grants the roots to Landlock minus those entries (`child.readable_rules`).
 
 As root a call runs as a uid of its own with no groups, so file permissions already give it what "other" may read,
 and no walk is needed (`read_view(roots, walk=False)`). Without root it keeps the caller's uid and groups, which may
@@ -44,7 +44,7 @@ def read_roots(prefixes: tuple[str, ...]) -> tuple[str, ...]:
 
 @functools.cache
 def read_view(roots: tuple[str, ...], walk: bool) -> dict[str, list[str]]:
-    """What the launcher grants (`sandbox_child.readable_rules`): the `read_roots`; the `hidden` entries beneath them
+    """What the launcher grants (`child.readable_rules`): the `read_roots`; the `hidden` entries beneath them
     (when `walk`: a call without root); the folders with a hidden entry beneath, which it grants entry by entry
     (`descend`); and those with a hidden folder beneath, which it may not list (`unlisted`)."""
     hidden = hidden_entries(roots) if walk else ()

@@ -1,10 +1,10 @@
 """The child side of `tracerl.io.sandbox`: run as a script (`python -s -S -c <this file's text> <config>`, or forked
-from the warm server, `sandbox_serve`), it applies the isolation layers to itself, then runs the model's code read
-from stdin and ends as a Python script ends, without the interpreter's teardown (`sandbox_exit`).
+from the warm server, `serve`), it applies the isolation layers to itself, then runs the model's code read
+from stdin and ends as a Python script ends, without the interpreter's teardown (`exit`).
 
 It runs as root until the uid drop, must stay valid Python 3.8 and imports nothing outside the stdlib and its two
-sibling modules (it may run under a system python that cannot see tracerl: `sandbox.py` registers their text under
-their names first). Setup errors go through the status fd and fail the run closed. The status fd also carries the
+sibling modules (it may run under a system python that cannot see tracerl: `tracerl.io.sandbox` registers their text
+under their names first). Setup errors go through the status fd and fail the run closed. The status fd also carries the
 time each layer was in place (`clock`), and, from the launcher outside the PID namespace, the code's exit status
 once its namespace is gone (`reaped`). Importing it as a module (for the tests of `seccomp_program`) runs nothing.
 The layers a test switches off come in the config and are applied before the code runs; the code cannot switch
@@ -13,8 +13,8 @@ one off afterwards, except the audit hook, which lives in its own memory and is 
 
 import builtins, ctypes, json, linecache, os, re, resource, signal, sys, time, traceback, types
 import _posixsubprocess, _signal
-from tracerl.io.sandbox_exit import end_process, exit_status
-from tracerl.io.sandbox_serve import serve
+from tracerl.io.sandbox.exit import end_process, exit_status
+from tracerl.io.sandbox.serve import serve
 
 LAUNCHER_MODULES = frozenset(sys.modules)  # what a launcher has loaded before it runs anything
 LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once, by the server, for every launcher it forks
@@ -170,7 +170,7 @@ def install_hook(workdir, read_roots):
 
 
 def readable_rules(view):
-    """(path, rights) for Landlock from the parent's `view` (`tracerl.io.sandbox_view.read_view`): each read root
+    """(path, rights) for Landlock from the parent's `view` (`tracerl.io.sandbox.view.read_view`): each read root
     whole, unless it is among `descend` (folders with a `hidden` entry beneath, what others may not read); then each
     of its entries on its own, granted only if others may read it now (symlinks: their target is checked instead),
     and itself listable unless among `unlisted` (a hidden folder lies beneath: rights on a folder extend below)."""
@@ -248,7 +248,7 @@ def landlock(libc, workdir_fd, rules):
 
 def seccomp_program(table, own_pid):
     """The classic-BPF seccomp filter, as (code, jt, jf, k) tuples, from `table`
-    (`tracerl.io.sandbox_syscalls.seccomp_table`): kill the process on a foreign architecture; the table's allowed
+    (`tracerl.io.sandbox.syscalls.seccomp_table`): kill the process on a foreign architecture; the table's allowed
     syscalls pass; clone only for threads in the same namespaces; signals only to `own_pid` (itself); ioctl and
     fcntl only with the requests above (no file locks), fallocate only in mode 0; prlimit64 only on itself; clone3
     answers ENOSYS so that libc falls back to clone, whose flags the filter can read; everything else (x32 numbers

@@ -2,9 +2,9 @@
 
 `make_cgroups(memory_mb, max_disk_mb, max_processes)` makes them where the caller's cgroup lets it (cgroup v2 with
 memory and pids delegated to children, or v1's memory and pids hierarchies) and returns their folders, or [] where
-the host offers none (the sandbox then bounds memory per process; see `sandbox.py`); the launcher moves itself into
-them before the code runs (`sandbox_child.join_cgroups`). `cgroup_oom` says whether the kernel's OOM killer acted in
-them, `remove_cgroups` removes them once every process of the call is gone; `sandbox_pool` makes and removes them
+the host offers none (the sandbox then bounds memory per process; see `tracerl.io.sandbox`); the launcher moves itself
+into them before the code runs (`child.join_cgroups`). `cgroup_oom` says whether the kernel's OOM killer acted in
+them, `remove_cgroups` removes them once every process of the call is gone; `pool` makes and removes them
 off the caller's path. Groups left by a caller killed mid-call are swept on its successor's first call. Nothing here
 applies a limit to a running process or reads its usage.
 """

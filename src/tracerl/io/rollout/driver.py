@@ -13,15 +13,15 @@ ends the rollout as a failed leaf, counted the same way; a turn limit or a token
 counted in `counters`. The driver tokenizes; engines and environments never do.
 
 Text the environment inserts cannot forge the chat template: every observation goes through
-`tracerl.io.chat.neutralise` (as a data row's prompt does when it is rendered), which puts a zero-width space after
-the first character of every added or special token of the tokenizer (`<|im_end|>`, `<|im_start|>`,
+`tracerl.io.rollout.chat.neutralise` (as a data row's prompt does when it is rendered), which puts a zero-width space
+after the first character of every added or special token of the tokenizer (`<|im_end|>`, `<|im_start|>`,
 `</tool_response>`, ...) before encoding, so it is encoded as plain text, never as the control token (counted in
 `rollout/neutralised_special_tokens`).
 
 With `coupled=True` (held-out evaluation, `run.eval_coupled`) every rollout samples from its own stream, keyed by
 (seed, the question's index in the pool, the anchor node, the sample's index, the turn) and passed to the engine as
-`keys` (coupled sampling, `tracerl.io.engine`): two policies evaluated on the same questions with the same seed then
-draw the same random numbers for the same rollout and turn, never depending on how calls were batched. Two
+`keys` (coupled sampling, `tracerl.io.rollout.engine`): two policies evaluated on the same questions with the same seed
+then draw the same random numbers for the same rollout and turn, never depending on how calls were batched. Two
 rollouts of one question get different streams even when their histories coincide.
 """
 
@@ -33,10 +33,10 @@ from typing import Any, Sequence
 
 from tracerl.core.history import History
 from tracerl.core.tree import Segment, Tree
-from tracerl.io.chat import ChatRenderer, neutralise, special_token_pattern
-from tracerl.io.engine import Engine, SamplingParams, stream_key
 from tracerl.io.env import EpisodeError, StepResult
-from tracerl.io.rows import prompt_id
+from tracerl.io.files.rows import prompt_id
+from tracerl.io.rollout.chat import ChatRenderer, neutralise, special_token_pattern
+from tracerl.io.rollout.engine import Engine, SamplingParams, stream_key
 
 @dataclass(frozen=True)
 class DriverLimits:

@@ -35,8 +35,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tracerl.io.boundary import listing
 from tracerl.io.files import MAX_DEPTH, check_depth, decode_utf8, too_deep
+from tracerl.io.files.boundary import listing
 
 
 MAX_FILE_BYTES = 1 << 20  # a preset or a run's config.json is a few KB
