@@ -204,6 +204,15 @@ def test_coupled_evaluation_reaches_the_engine_and_is_repeatable(tiny_overrides,
     assert first["eval/sampled_tokens"] != plain["eval/sampled_tokens"], "the flag did not change the draws"
 
 
+def test_evaluations_run_where_eval_steps_and_eval_every_put_them(tiny_overrides, tmp_path):
+    """run.eval_steps adds evaluations after the steps it names (where a comparison reads), beside eval_every's,
+    the one before the first step and the one after the last."""
+    config = _config(tiny_overrides, tmp_path, "method=grpo", "run.num_steps=5", "run.eval_every=4",
+                     "run.eval_steps=[1,2]", "run.eval_prompts=2", "run.eval_samples=1", "run.tensorboard=false")
+    run_training(config)
+    assert [r["step"] for r in read_metrics(config.out_dir()) if r["kind"] == "eval"] == [0, 1, 2, 4, 5]
+
+
 def test_a_token_budget_ends_the_run_at_the_step_that_reaches_it_and_a_resume_may_raise_it(tiny_overrides, tmp_path):
     """run.total_token_budget: every method of a comparison gets the same sampled tokens, however many steps."""
     from tracerl.report.compare import complete_seeds

@@ -49,6 +49,7 @@ class RunConfig:
     total_token_budget: int = knob(0, ge=0)  # the run's sampled tokens in all: stop after the first step whose cumulative sampled tokens reach this (0 = off; num_steps stays the cap; a step's own budget is allocation's), so every method of a comparison gets the same sampled tokens (docs/training.md)
     out_dir: str = "runs/{method}-seed{seed}"  # run directory ({method} and {seed} are filled in)
     eval_every: int = knob(0, ge=0)  # held-out evaluation every N steps (0 = only before the first and after the last step)
+    eval_steps: tuple[int, ...] = knob((), ge=1)  # also evaluate after these steps (besides eval_every's, the first and the last): evaluations where a comparison reads them (docs/training.md)
     eval_prompts: int = knob(256, ge=2)  # held-out questions per evaluation (more = smaller standard error, slower)
     eval_samples: int = knob(4, ge=1)  # samples per held-out question (avg@k)
     eval_temperature: float = knob(1.0, ge=0)  # sampling temperature of the evaluation (0 = greedy)
@@ -63,7 +64,16 @@ class RunConfig:
     ray_address: str = ""  # executor="ray": "" = a loopback-only local cluster; "auto" or ray://host:port = yours
 
     def __post_init__(self) -> None:
-        raise_problems(check_fields(self, "run."))
+        problems = check_fields(self, "run.")
+        late = [s for s in self.eval_steps if s > self.num_steps]
+        if late:
+            problems.append(f"run.eval_steps={list(self.eval_steps)}: {late} after run.num_steps={self.num_steps}; "
+                            "drop them or raise num_steps (the last step is always evaluated)")
+        raise_problems(problems)
+
+    def evaluates_after(self, step: int) -> bool:
+        """Whether the held-out evaluation runs after `step` (the last step's, which always runs, aside)."""
+        return bool(self.eval_every and step % self.eval_every == 0) or step in self.eval_steps
 
     def finished(self, step: int, cum_tokens: float) -> bool:
         """Whether a run at `step` having sampled `cum_tokens` is done: num_steps reached, or the token budget."""
@@ -326,7 +336,7 @@ def _looks_like_hub_id(name: str) -> bool:
 # differ between devices, so only a resume on the same device repeats the uninterrupted run exactly. run.out_dir may:
 # a run folder moved or copied elsewhere (a comparison's runs gathered from several machines) is the same run.
 RESUMABLE_CHANGES = ("run.num_steps", "run.total_token_budget", "run.progress", "run.tensorboard", "run.eval_every",
-                     "run.checkpoint_every", "run.ray_address", "policy.device", "run.out_dir")
+                     "run.eval_steps", "run.checkpoint_every", "run.ray_address", "policy.device", "run.out_dir")
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

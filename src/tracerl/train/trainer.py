@@ -435,7 +435,7 @@ def _train(trainer: Trainer, config: TrainConfig, resume: bool, say: Say | None,
         if progress:
             progress(row)
         last = config.run.finished(trainer.step, trainer.totals["tokens"])
-        if config.run.eval_every and trainer.step % config.run.eval_every == 0 and not last:
+        if config.run.evaluates_after(trainer.step) and not last:
             trainer.evaluate()
         if last or trainer.step % config.run.checkpoint_every == 0:
             trainer.save()
