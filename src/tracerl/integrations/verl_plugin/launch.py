@@ -1,8 +1,9 @@
 """verl's own entry point, `python -m verl.trainer.main_ppo`, as a subprocess that cannot outlive its time limit.
 
 A verl run whose rollout worker dies can hang instead of exiting, and killing the driver leaves its Ray workers
-running. `run_main_ppo` gives the run its own process group and its own short Ray temporary folder, and on exit or
-at `limit_s` kills the group and every process whose command line names that folder (Ray's raylet, GCS, workers).
+running. `run_main_ppo` gives the run its own process group and its own short Ray temporary folder, and on exit, at
+`limit_s`, on Ctrl-C or on SIGTERM kills the group and every process whose command line names that folder (Ray's
+raylet, GCS, workers). A SIGKILL to the calling process leaves them: nothing runs then.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,16 +30,28 @@ def run_main_ppo(overrides: Sequence[str], log: Path, *, cwd: Path, limit_s: flo
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     args = [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
     full_env = {**os.environ, **environment(on_cpu=on_cpu), **(env or {})}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True)
-        try:
-            return proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            return TIMED_OUT
-        finally:
-            _kill_run(proc, ray_tmp)
-            shutil.rmtree(ray_tmp, ignore_errors=True)
+    # the run is in a session of its own, so a terminal's Ctrl-C reaches only this process (KeyboardInterrupt, then
+    # the cleanup below); a SIGTERM to it is turned into the same exit, so that the cleanup runs then too
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_term) if main else None
+    try:
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], stdout=out,
+                                    stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True)
+            try:
+                return proc.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                return TIMED_OUT
+            finally:
+                _kill_run(proc, ray_tmp)
+                shutil.rmtree(ray_tmp, ignore_errors=True)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _kill_run(proc: subprocess.Popen, ray_tmp: str) -> None:

@@ -9,12 +9,14 @@ build, worked around where that build is the vLLM installed.
   platform from that suffix), so every such lookup, these three, vLLM's own and any other, sees the vLLM that is
   installed; nothing else is renamed.
 - **The weight sync** (`verl/workers/rollout/vllm_rollout/utils.py`, `vLLMColocateWorkerExtension._update_weights`)
-  calls the served model's `load_weights` with the actor's full parameters. On the CPU build that load leaves the
-  served model inconsistent with its kernels (its CPU linear layers repack their weights after loading); vLLM's own
-  `reload_weights`, which runs that post-processing again, loads the same tensors correctly. Without a LoRA adapter
-  or FP8 weights (verl's own branch serves those), the sync goes through `model_runner.reload_weights`. Patched
-  when verl imports that module, never before (importing vLLM takes seconds, and most of verl's processes never
-  serve a rollout), and checked against its source (`checks.VerlMoved` when verl moved).
+  calls the served model's `load_weights` with the actor's full parameters. On the CPU build (vLLM 0.32) that fails
+  at the first sync with `AttributeError: 'Parameter' object has no attribute 'weight_loader'` (measured without
+  this patch). vLLM's own `reload_weights` (its in-place reload, which prepares every layer for loading and
+  finishes it afterwards) takes the same tensors, and vLLM then samples as the actor does
+  (`benchmarks/verl/vllm_rollout.py`). Without a LoRA adapter or FP8 weights (verl's own branch serves those), the
+  sync goes through `model_runner.reload_weights`. Patched when verl imports that module, never before (importing
+  vLLM takes seconds, and most of verl's processes never serve a rollout), and checked against its source
+  (`checks.VerlMoved` when verl moved).
 """
 
 from __future__ import annotations
