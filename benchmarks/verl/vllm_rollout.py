@@ -9,9 +9,9 @@ transformers server (`cpu_overrides("vllm")`): a small warm-started embedded mul
 format, `TraceAgentLoopManager` with `tracerl_tree`, verl's FSDP2 actor on gloo, `--steps` steps with a checkpoint
 at the last, then one more step resumed from it. verl logs, per step, how far the sampled tokens' probabilities
 from vLLM's sampling are from the actor's recomputation, over every response token (`training/rollout_probs_diff_*`
-and their Pearson correlation, with `calculate_log_probs=True`); the script prints those, each run's wall time, and whether the weights moved (the
-actor's grad norm) and tree advantages were nonzero, and writes them to OUT/summary.json. It exits nonzero if a run
-failed.
+and their Pearson correlation, with `calculate_log_probs=True`); the script prints those, each run's wall time,
+and whether the weights moved (the actor's grad norm) and tree advantages were nonzero, and writes them to
+OUT/summary.json. It exits nonzero if a run failed.
 """
 
 from __future__ import annotations
