@@ -207,3 +207,12 @@ def gone(pid: int, within: float = 120) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (Linux: from /proc; a zombie, ended but not yet reaped, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from helpers import process_alive
+
 PARENT = textwrap.dedent("""
     import multiprocessing, os, sys, time
     from concurrent.futures import ProcessPoolExecutor
@@ -28,14 +30,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_worker_dies_when_the_comparing_process_is_killed(tmp_path):
     script, marker = tmp_path / "parent.py", tmp_path / "worker.pid"
@@ -47,14 +41,14 @@ def test_a_worker_dies_when_the_comparing_process_is_killed(tmp_path):
             assert parent.poll() is None, "the parent ended on its own"
             time.sleep(0.1)
         worker = int(marker.read_text())
-        assert alive(worker)
+        assert process_alive(worker)
         os.kill(parent.pid, signal.SIGKILL)  # no handler runs: only the kernel can end the worker
         parent.wait()
         deadline = time.monotonic() + 60
-        while alive(worker) and time.monotonic() < deadline:
+        while process_alive(worker) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not alive(worker), "the worker outlived the killed comparison"
+        assert not process_alive(worker), "the worker outlived the killed comparison"
     finally:
         parent.kill()
-        if marker.exists() and marker.read_text() and alive(int(marker.read_text())):
+        if marker.exists() and marker.read_text() and process_alive(int(marker.read_text())):
             os.kill(int(marker.read_text()), signal.SIGKILL)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers import process_alive
 from tracerl.integrations.verl_plugin.launch import TIMED_OUT, run_main_ppo
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")
@@ -28,14 +29,6 @@ def stand_in(tmp_path):
     return {"PYTHONPATH": str(tmp_path / "stub"), "STUB_PID": str(tmp_path / "run.pid")}
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait_for(check, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds  # generous: a loaded machine starts Python slowly
     while not check():
@@ -50,7 +43,7 @@ def running_with(marker: str) -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read() and alive(int(entry)):
+                    if marker.encode() in f.read() and process_alive(int(entry)):
                         found.append(int(entry))
             except OSError:
                 pass
@@ -81,6 +74,6 @@ def test_a_sigterm_to_the_caller_kills_the_run(stand_in, tmp_path):
         pid = int(open(stand_in["STUB_PID"]).read())
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-        wait_for(lambda: not alive(pid), 60, "the run outlived its caller's SIGTERM")
+        wait_for(lambda: not process_alive(pid), 60, "the run outlived its caller's SIGTERM")
     finally:
         proc.kill()
