@@ -80,12 +80,12 @@ def reading(method: list[dict], baseline: list[dict], axis: str, samples: int) -
     y = np.array([r["eval/per_prompt"] for r in method], dtype=float)
     base = np.array(baseline[-1]["eval/per_prompt"], dtype=float)
     at = float(baseline[-1][f"rollout/cum_{axis}"])
-    value, _ = interpolate_at(cost, y, at)
-    # the weights of the same reading, found by reading an identity: row j of the result is evaluation j's weight
+    # the reading's weights, found by reading an identity: entry j is evaluation j's weight, and the value is
+    # weights @ y, what `interpolate_at(cost, y, at)` returns
     weights, _ = interpolate_at(cost, np.eye(len(cost)), at)
+    value = weights @ y
     used = tuple(int(method[j]["step"]) for j in np.flatnonzero(weights > 0))
-    noise = sum(w * w * sampling_variance(y[j], samples).sum() for j, w in enumerate(weights) if w > 0)
-    noise += sampling_variance(base, samples).sum()
+    noise = (weights ** 2) @ sampling_variance(y, samples).sum(axis=1) + sampling_variance(base, samples).sum()
     q = len(base)
     return SeedReading(float((value - base).mean()), float(noise / q / q), used)
 

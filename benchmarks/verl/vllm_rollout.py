@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
 import pandas as pd
 
 from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides
-from tracerl.integrations.verl_plugin.launch import run_main_ppo
+from tracerl.integrations.verl_plugin.launch import console_metrics, metric_value, run_main_ppo
 from tracerl.policy.embedded import build_embedded, weights_hash
 from tracerl.policy.embedded_config import EmbeddedConfig
 
@@ -35,7 +34,6 @@ POLICY = EmbeddedConfig(seed=0, num_entities=40, num_distractors=0, hops=(2, 2),
                         vocab_size=500, hidden_size=128, max_turns=4, max_tokens_per_turn=40,
                         max_tokens_per_rollout=400, num_eval_prompts=8, eval_samples_per_prompt=2, lr=1e-2,
                         unanswerable_share=0.0, missing_kinds=(), warmup_fraction=0.0)
-STEP = re.compile(r"step:(\d+) - (.*)")
 WATCHED = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_std",
            "training/rollout_actor_probs_pearson_corr", "actor/grad_norm", "critic/advantages/max",
            "critic/advantages/min", "alloc/planned_units_root", "timing_s/step")
@@ -43,12 +41,8 @@ WATCHED = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean"
 
 def logged_steps(output: str) -> dict[int, dict[str, float]]:
     """verl's console metrics per step, the watched ones as numbers."""
-    found = {}
-    for number, rest in STEP.findall(output):
-        items = dict(item.split(":", 1) for item in rest.strip().split(" - ") if ":" in item)
-        found[int(number)] = {k: float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", v)) for k, v in items.items()
-                              if k in WATCHED}
-    return found
+    return {step: {k: metric_value(v) for k, v in items.items() if k in WATCHED}
+            for step, items in console_metrics(output).items()}
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers import process_alive
-from tracerl.integrations.verl_plugin.launch import TIMED_OUT, run_main_ppo
+from tracerl.integrations.verl_plugin.launch import TIMED_OUT, console_metrics, metric_value, run_main_ppo
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")
 
@@ -77,3 +77,11 @@ def test_a_sigterm_to_the_caller_kills_the_run(stand_in, tmp_path):
         wait_for(lambda: not process_alive(pid), 60, "the run outlived its caller's SIGTERM")
     finally:
         proc.kill()
+
+
+def test_verls_console_metrics_are_read_back_per_step():
+    output = ("(TaskRunner pid=1) step:2 - actor/grad_norm:np.float64(0.25) - alloc/num_prompts:6 - note:a:b\n"
+              "unrelated line\nstep:3 - training/global_step:3\n")
+    logged = console_metrics(output)
+    assert sorted(logged) == [2, 3] and logged[2]["note"] == "a:b"
+    assert metric_value(logged[2]["actor/grad_norm"]) == 0.25 and metric_value(logged[3]["training/global_step"]) == 3

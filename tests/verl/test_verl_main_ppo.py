@@ -22,12 +22,11 @@ pytest.importorskip("verl.trainer.ppo.v1", reason="needs verl 0.9.1 in its own e
 from helpers import TINY_POLICY  # noqa: E402
 
 from tracerl.integrations.verl_plugin import cpu_overrides, domain_overrides  # noqa: E402
-from tracerl.integrations.verl_plugin.launch import run_main_ppo  # noqa: E402
+from tracerl.integrations.verl_plugin.launch import console_metrics, metric_value, run_main_ppo  # noqa: E402
 from tracerl.policy.embedded import build_embedded, weights_hash  # noqa: E402
 from tracerl.policy.embedded_config import EmbeddedConfig  # noqa: E402
 
 LIMIT_S = 420
-STEP = re.compile(r"step:(\d+) - (.*)")
 SYNC = re.compile(r"tracerl_hf: replica 0 sync \d+ at step (\d+): weights ([0-9a-f]{64})")
 
 
@@ -77,18 +76,6 @@ def main_ppo(task, steps: int, log: Path) -> tuple[int, str]:
     return code, log.read_text(errors="replace")
 
 
-def steps(output: str) -> dict[int, dict[str, str]]:
-    """verl's console metrics per step: {step: {name: value text}}."""
-    found = {}
-    for number, rest in STEP.findall(output):
-        found[int(number)] = dict(item.split(":", 1) for item in rest.strip().split(" - ") if ":" in item)
-    return found
-
-
-def number(text: str) -> float:
-    return float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", text))
-
-
 @pytest.fixture(scope="module")
 def runs(task):
     """Two steps with a checkpoint at step 2, then verl resumes from it for a third."""
@@ -100,21 +87,23 @@ def runs(task):
 
 
 def test_two_steps_train_through_verls_actor_with_tree_advantages(runs):
-    logged = steps(runs["first"])
+    logged = console_metrics(runs["first"])
     assert sorted(logged) == [1, 2]
-    advantages = [max(abs(number(m["critic/advantages/max"])), abs(number(m["critic/advantages/min"])))
+    advantages = [max(abs(metric_value(m["critic/advantages/max"])),
+                      abs(metric_value(m["critic/advantages/min"])))
                   for m in logged.values()]
     assert max(advantages) > 0, "every tree advantage was zero: no step had a mixed tree"
-    moved = [number(m["actor/grad_norm"]) for m, a in zip(logged.values(), advantages) if a > 0]
+    moved = [metric_value(m["actor/grad_norm"]) for m, a in zip(logged.values(), advantages) if a > 0]
     assert all(g > 0 for g in moved), f"a step with nonzero advantages had no gradient: {moved}"
 
 
 def test_traces_metrics_reach_verls_logged_metrics(runs):
     """What stage 1 planned and what the trees spent, in the dict verl's trackers receive (its console logger)."""
-    for metrics in steps(runs["first"]).values():
-        assert number(metrics["alloc/planned_units_root"]) > 0
-        assert number(metrics["alloc/num_prompts"]) >= 1
-    assert "alloc/units_root" in steps(runs["first"])[2], "the first batch's spend is logged at the next step"
+    for metrics in console_metrics(runs["first"]).values():
+        assert metric_value(metrics["alloc/planned_units_root"]) > 0
+        assert metric_value(metrics["alloc/num_prompts"]) >= 1
+    assert "alloc/units_root" in console_metrics(runs["first"])[2], \
+        "the first batch's spend is logged at the next step"
 
 
 def test_the_rollout_server_serves_the_actors_weights(runs, task):
@@ -133,6 +122,6 @@ def test_the_rollout_server_serves_the_actors_weights(runs, task):
 
 
 def test_verl_resumes_from_its_checkpoint(runs):
-    logged = steps(runs["resumed"])
+    logged = console_metrics(runs["resumed"])
     assert sorted(logged) == [3], f"the resumed run trained steps {sorted(logged)}, not only step 3"
-    assert (number(logged[3]["training/global_step"])) == 3
+    assert (metric_value(logged[3]["training/global_step"])) == 3

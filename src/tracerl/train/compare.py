@@ -30,17 +30,15 @@ evaluations; the median run, so a run slowed by a paused or shared machine does 
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import shlex
-import signal
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from tracerl.io.env.user_code import kill_with_parent
 from tracerl.io.files.boundary import parse_int
 from tracerl.io.files.runlog import RunInUse, read_metrics
 from tracerl.report.compare import complete_seeds, run_dir_name, seed_spans, write_report
@@ -170,12 +168,9 @@ def _train_one(config) -> tuple[float, float] | str:
 
 def _die_with_parent(parent: int) -> None:
     """A worker's initializer: the kernel kills the worker when the comparing process ends, however it ends
-    (PR_SET_PDEATHSIG), so a killed `tracerl compare` leaves no orphan training on; a resumed comparison would
-    otherwise train the same run beside it. Linux only; elsewhere a worker outlives a killed parent."""
-    if not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent was gone before the request took effect
+    (`kill_with_parent`), so a killed `tracerl compare` leaves no orphan training on; a resumed comparison would
+    otherwise train the same run beside it. Where the kernel cannot be asked, a worker outlives a killed parent."""
+    if kill_with_parent() and os.getppid() != parent:  # the parent was gone before the request took effect
         os._exit(1)
 
 

@@ -3,12 +3,14 @@
 A verl run whose rollout worker dies can hang instead of exiting, and killing the driver leaves its Ray workers
 running. `run_main_ppo` gives the run its own process group and its own short Ray temporary folder, and on exit, at
 `limit_s`, on Ctrl-C or on SIGTERM kills the group and every process whose command line names that folder (Ray's
-raylet, GCS, workers). A SIGKILL to the calling process leaves them: nothing runs then.
+raylet, GCS, workers). A SIGKILL to the calling process leaves them: nothing runs then. `console_metrics` reads
+the metrics verl's console logger printed per step back from the run's output.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,8 @@ from pathlib import Path
 from tracerl.integrations.verl_plugin import environment
 
 TIMED_OUT = -9  # the exit code reported for a run killed at its limit
+_STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+_NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
 
 
 def run_main_ppo(overrides: Sequence[str], log: Path, *, cwd: Path, limit_s: float, on_cpu: bool = True,
@@ -67,3 +71,16 @@ def _kill_run(proc: subprocess.Popen, ray_tmp: str) -> None:
                 other.kill()
             except psutil.Error:
                 pass
+
+
+def console_metrics(output: str) -> dict[int, dict[str, str]]:
+    """The metrics verl's console logger printed, per step: {step: {name: value as printed}}."""
+    found = {}
+    for number, rest in _STEP_LINE.findall(output):
+        found[int(number)] = dict(item.split(":", 1) for item in rest.strip().split(" - ") if ":" in item)
+    return found
+
+
+def metric_value(text: str) -> float:
+    """A printed metric as a number (verl prints numpy scalars as `np.float64(x)`)."""
+    return float(_NUMPY_SCALAR.sub(r"\1", text))

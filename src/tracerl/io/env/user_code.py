@@ -135,6 +135,15 @@ except OSError:  # not a platform with a C library to load this way: no kill-wit
     _LIBC = None
 
 
+def kill_with_parent() -> bool:
+    """Have the kernel kill this process when the thread that started it ends (Linux's PR_SET_PDEATHSIG = 1);
+    False where that cannot be asked."""
+    try:
+        return _LIBC.prctl(1, signal.SIGKILL) == 0
+    except Exception:
+        return False
+
+
 def _become_child() -> list[int]:
     """Setup in a fresh child: own process group, killed with the thread that started it, capped printing."""
     global _IN_CHILD
@@ -143,10 +152,7 @@ def _become_child() -> list[int]:
         os.setpgid(0, 0)
     except OSError:
         pass
-    try:  # PR_SET_PDEATHSIG = 1: the kernel kills this process when the thread that forked it ends
-        _LIBC.prctl(1, signal.SIGKILL)
-    except Exception:  # not Linux: the deadline still bounds each call
-        pass
+    kill_with_parent()  # where it cannot be asked (not Linux), the deadline still bounds each call
     budget = [MAX_PRINTED_CHARS]
     sys.stdout, sys.stderr = _CappedWriter(1, budget), _CappedWriter(2, budget)
     return budget
