@@ -9,6 +9,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from tracerl.io.files.runlog import finite as _finite
+
 
 def _bench_alloc(args: argparse.Namespace) -> int:
     from tracerl.bench import alloc
@@ -145,27 +147,16 @@ def _with_sets(cfg, sets: list[str] | None):
 
 
 def _config(args: argparse.Namespace) -> int:
-    """Every field of `tracerl train`'s config: key, type, default, allowed values, and its one-line doc."""
+    """Every field of `tracerl train`'s config: key, type, the default or --config/--set's value, rule, doc."""
     from tracerl.core.rules import describe_fields
     from tracerl.train.config import TrainConfig
 
-    for row in describe_fields(TrainConfig):
+    for row in describe_fields(TrainConfig, defaults=_train_config(args) if args.config or args.set else None):
         rule = f"  ({row['rule']})" if row["rule"] else ""
         print(f"{row['key']}  {row['type']} = {row['default']}{rule}")
         if row["doc"]:
             print(f"    {row['doc']}")
     return 0
-
-
-def _finite(obj):
-    """NaN and inf are not JSON: report them as null."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
-        return None
-    return obj
 
 
 def _train_config(args: argparse.Namespace):
@@ -253,48 +244,56 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _warmstart(args: argparse.Namespace) -> int:
     from tracerl.policy.embedded import CHECK_SPLIT, build_embedded
-    from tracerl.train.policy import embedded_domain
-    from tracerl.train.config import load_config
+    from tracerl.train.policy import embedded_domain, run_limits
 
     config = _train_config(args)
     if config.policy.model != "embedded":
         raise SystemExit(f"tracerl warmstart builds the embedded policy; this config's policy.model is "
                          f"{config.policy.model!r}")
-    policy = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
-                            rebuild=not args.keep, progress=_say, domain=embedded_domain(config))
-    metrics = policy.metrics()
-    print(f"embedded policy in {policy.path}: held-out success on the {CHECK_SPLIT} split "
-          f"{metrics['eval/success']:.1%} ± "
-          f"{metrics['eval/success_se']:.1%} ({metrics['eval/num_prompts']} questions x "
-          f"{metrics['eval/num_rollouts'] // metrics['eval/num_prompts']}), built in "
-          f"{metrics['sys/build_seconds']:.0f} s, weights sha256 {metrics['build/weights_sha256'][:16]}")
+    embedded, domain, cache = config.policy.embedded, embedded_domain(config), config.policy.cache_dir or None
+    if args.search:
+        from tracerl.policy import warmstart
+
+        result = warmstart.search(embedded, domain, cache, limits=run_limits(config, embedded.limits()),
+                                  num_prompts=args.prompts, seed=args.seed, min_steps=args.min_steps,
+                                  max_steps=args.max_steps, num_threads=config.run.num_threads, say=_say)
+        _write_table(args.out, warmstart.to_markdown(result), result, config.run.num_threads)
+        print(f"train from it with: --set policy.embedded.sft_steps={result['steps']} (its build is cached)")
+        return 0 if result["reached"] else 1
+    policy = build_embedded(embedded, cache, rebuild=not args.keep, progress=_say, domain=domain)
+    m = policy.metrics()
+    print(f"embedded policy in {policy.path}: held-out success on the {CHECK_SPLIT} split {m['eval/success']:.1%} ± "
+          f"{m['eval/success_se']:.1%} ({m['eval/num_prompts']} questions x "
+          f"{m['eval/num_rollouts'] // m['eval/num_prompts']}), built in {m['sys/build_seconds']:.0f} s, weights "
+          f"sha256 {m['build/weights_sha256'][:16]}")
     return 0
 
 
-def _regime(args: argparse.Namespace) -> int:
+def _write_table(out: str | None, text: str, result: dict, num_threads: int) -> None:
+    """Print a table; with `out`, also OUT.md (the command line and the machine above the table) and OUT.json."""
     import os
     import shlex
-    from pathlib import Path
 
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        command = "tracerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        path.with_suffix(".md").write_text(f"`{command}` on a {os.cpu_count()}-core machine, torch threads "
+                                           f"{num_threads}\n\n{text}\n")
+        path.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
+    print(text)
+
+
+def _regime(args: argparse.Namespace) -> int:
     from tracerl.bench import regime
 
     config = _train_config(args)
     result = regime.run(config, args.split, args.prompts, args.samples, args.temperature, args.seed, say=_say)
-    text = regime.to_markdown(result)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        command = "tracerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.with_suffix(".md").write_text(f"`{command}` on a {os.cpu_count()}-core machine, torch threads "
-                                          f"{config.run.num_threads}\n\n{text}\n")
-        out.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
-    print(text)
+    _write_table(args.out, regime.to_markdown(result), result, config.run.num_threads)
     return 0
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tracerl.report import verdict
 
     summaries, names = [], []
@@ -308,17 +307,9 @@ def _verdict(args: argparse.Namespace) -> int:
                              "tracerl compare wrote, or its folder")
         names.append(path.resolve().parent.name)  # a testbed is named by its report's folder
     try:
-        try:
-            seeds = [int(s) for s in str(args.planned_seeds).split(",")]
-        except ValueError:
-            raise ValueError(f"--planned-seeds {args.planned_seeds}: a seed count, or with --across-testbeds one "
-                             "count per report separated by commas (16,45)") from None
-        if len(seeds) not in (1, len(summaries)) or (len(seeds) > 1 and not args.across_testbeds):
-            raise ValueError(f"--planned-seeds {args.planned_seeds}: give one count, or with --across-testbeds one "
-                             f"per report ({len(summaries)})")
         plans = [verdict.Plan(method=args.method, planned_seeds=n, alpha=args.alpha, min_effect=args.min_effect / 100,
                               max_share=args.max_share, goal_share=args.goal_share)
-                 for n in (seeds * len(summaries) if len(seeds) == 1 else seeds)]
+                 for n in verdict.planned_seeds(args.planned_seeds, len(summaries), args.across_testbeds)]
         if args.across_testbeds:
             if len(set(names)) != len(names):
                 raise ValueError(f"two reports come from folders of one name ({names}): across testbeds each "
@@ -512,6 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("warmstart", help="(re)build the embedded policy: tokenizer, tiny Qwen3, supervised warm start")
     _add_run_options(p)
     p.add_argument("--keep", action="store_true", help="load a cached build if there is one instead of rebuilding")
+    p.add_argument("--search", action="store_true", help="choose sft_steps: the build leaving the most training "
+                   "questions mixed at 8 samples (docs/tasks.md); exit 1 when none reaches a quarter")
+    p.add_argument("--min-steps", type=int, default=250, help="smallest sft_steps the search builds (default 250)")
+    p.add_argument("--max-steps", type=int, default=8000, help="largest sft_steps the search builds (default 8000)")
+    p.add_argument("--prompts", type=int, default=128, help="training questions each candidate samples (128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search's questions and samples")
+    p.add_argument("--out", help="with --search, write the table to OUT.md and the numbers to OUT.json")
     p.set_defaults(func=_warmstart)
 
     p = sub.add_parser("regime", help="a policy's per-prompt success at n samples: all-fail / mixed / all-success "
@@ -544,7 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for primary.md and primary.json")
     p.set_defaults(func=_verdict)
 
-    p = sub.add_parser("config", help="every config field of tracerl train: type, default, allowed values, doc")
+    p = sub.add_parser("config", help="every config field of tracerl train: type, default (with --config/--set: "
+                                      "that config's value, checked at load), allowed values, doc")
+    _add_run_options(p)
     p.set_defaults(func=_config)
 
     p = sub.add_parser("methods", help="list the method presets")

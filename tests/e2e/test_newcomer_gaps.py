@@ -121,6 +121,21 @@ def test_config_marks_exactly_the_fields_the_multihop_world_reads(capsys):
         "the mark is the doc's, printed under the key"
 
 
+def test_config_with_a_config_shows_its_values_and_checks_them_without_training(tmp_path, capsys):
+    """`tracerl config --config FILE` is the documented way to check a config: its values in place of the defaults,
+    a bad value refused at load with the fix, and nothing trained or built."""
+    preset = tmp_path / "mine.toml"
+    preset.write_text("method = 'grpo'\n[policy.embedded]\nsft_steps = 1234\n[optim]\nlr = 5e-4\n")
+    status, out, _ = run(capsys, "config", "--config", preset, "--set", "run.num_steps=7")
+    assert status == 0
+    for line in ("method  str = 'grpo'", "policy.embedded.sft_steps  int = 1234", "optim.lr  float = 0.0005",
+                 "run.num_steps  int = 7"):
+        assert f"\n{line}" in "\n" + out, f"{line!r} missing"
+    status, _, err = run(capsys, "config", "--config", preset, "--set", "optim.lr=-1")
+    assert status not in (0, None) and "optim.lr=-1.0 must be > 0" in str(status) + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.toml"], "checking a config wrote something"
+
+
 def _run_folder(path: Path, method: str) -> Path:
     """A run folder with training success falling and held-out success rising, as the new user saw."""
     path.mkdir()

@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from tracerl.bench.regime import regime_by_group
+from tracerl.core.regime import regime_by_group
 from tracerl.policy.evaluation import MAX_TYPES, success_by_type
 from tracerl.report.run_report import type_table
 

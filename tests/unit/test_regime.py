@@ -2,7 +2,8 @@
 
 import pytest
 
-from tracerl.bench.regime import regime_by_group, regime_shares, to_markdown
+from tracerl.bench.regime import to_markdown
+from tracerl.core.regime import regime_by_group, regime_shares
 
 
 def test_shares_split_prompts_by_their_group_outcome():

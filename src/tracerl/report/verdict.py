@@ -69,6 +69,19 @@ class Plan:
                              f"min_effect={self.min_effect}")
 
 
+def planned_seeds(text: str, num_reports: int, across_testbeds: bool) -> list[int]:
+    """`--planned-seeds` as one count per report: one count for all, or with across_testbeds one per report."""
+    try:
+        seeds = [int(s) for s in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--planned-seeds {text}: a seed count, or with --across-testbeds one count per report "
+                         "separated by commas (16,45)") from None
+    if len(seeds) not in (1, num_reports) or (len(seeds) > 1 and not across_testbeds):
+        raise ValueError(f"--planned-seeds {text}: give one count, or with --across-testbeds one per report "
+                         f"({num_reports})")
+    return seeds * num_reports if len(seeds) == 1 else seeds
+
+
 def _check(summaries: list[dict[str, Any]], method: str) -> None:
     """The reports must be of the same runs: same seeds, same starting weights, one comparator each."""
     if not summaries:

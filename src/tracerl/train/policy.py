@@ -62,7 +62,8 @@ def embedded_domain(config: TrainConfig) -> Any:
     return factory() if factory else _user_task(config)
 
 
-def _limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:
+def run_limits(config: TrainConfig, default: DriverLimits) -> DriverLimits:
+    """The run's turn limits: `data`'s where set, else `default` (the embedded build's, or the driver's)."""
     data = config.data
     return DriverLimits(data.max_turns or default.max_turns, data.max_tokens_per_turn or default.max_tokens_per_turn,
                         data.max_tokens_per_rollout or default.max_tokens_per_rollout)
@@ -193,7 +194,7 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
         built = build_embedded(config.policy.embedded, config.policy.cache_dir or None,
                                progress=say, domain=embedded_domain(config))
         return TrainPolicy(built.model, built.tokenizer, built.renderer, built.domain,
-                           _limits(config, built.config.limits()), built.tokenizer.pad_token_id, str(built.path))
+                           run_limits(config, built.config.limits()), built.tokenizer.pad_token_id, str(built.path))
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -208,4 +209,4 @@ def _load_base(config: TrainConfig, say: Callable[[str], None]) -> TrainPolicy:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     factory = config.domain_factory()
     return TrainPolicy(model, tokenizer, ChatRenderer(tokenizer), factory() if factory else _user_task(config),
-                       _limits(config, DriverLimits()), int(pad_id or 0), config.policy.model)
+                       run_limits(config, DriverLimits()), int(pad_id or 0), config.policy.model)

@@ -74,7 +74,12 @@ def finished_run(run_dir: str | Path) -> bool | None:
         return False
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """`value` with every NaN and infinity, at any depth of dicts, lists and tuples, as None: they are not JSON."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -118,7 +123,7 @@ class RunLog:
         write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in kept).encode())
 
     def write(self, kind: str, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        row = {"step": int(step), "kind": kind, **{k: _finite(v) for k, v in metrics.items()}}
+        row = {"step": int(step), "kind": kind, **finite(metrics)}
         with open_append(self.path) as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
