@@ -37,7 +37,9 @@ from tracerl.policy.embedded import build_embedded
 from tracerl.policy.embedded_config import EmbeddedConfig
 from tracerl.policy.evaluation import evaluate_rows
 
-MIXED_FLOOR = 0.25  # below this share of mixed questions no setting "reached" a start RL can learn much from
+# below this share of mixed questions no build "reached" a start to learn from: the default testbed's start has about
+# 30% mixed and its runs gain (docs/testbeds.md)
+MIXED_FLOOR = 0.25
 
 
 def ladder(min_steps: int, max_steps: int) -> list[int]:
@@ -62,7 +64,8 @@ def next_steps(readings: dict[int, dict[str, float]], steps_ladder: list[int]) -
 
     readings: step count -> its regime shares (`mixed`, `mean_success`). Up the ladder until past the peak (mean
     success >= 1/2 and the mixed share below the best) or the ladder's end; then the geometric midpoint (to two
-    significant digits) between the best step count of the ladder and each ladder neighbour tried, below first, each once."""
+    significant digits) between the best step count of the ladder and each ladder neighbour tried, below first,
+    each once."""
     untried = [s for s in steps_ladder if s not in readings]
     if untried and not (readings and _past_peak(readings)):
         return untried[0]
