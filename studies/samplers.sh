@@ -23,7 +23,7 @@ out=runs/samplers/headroom
 dest=studies/samplers-headroom
 tracerl compare --methods "$methods" --seeds "$seeds" --baseline grpo --out "$out" "${common[@]}" "$@"
 mkdir -p "$dest/vs-pcl"
-cp "$out"/compare.md "$out"/compare.json "$out"/*.png "$dest"/
+cp "$out"/compare.md "$out"/compare.json "$out"/accuracy_vs_tokens.png "$dest"/
 tracerl compare --methods "$methods" --seeds "$seeds" --baseline pcl --out "$out" "${common[@]}" "$@" --report-only
 cp "$out"/compare.md "$out"/compare.json "$dest"/vs-pcl/
 echo "samplers: headroom -> $dest (against grpo), $dest/vs-pcl (against pcl)"

@@ -163,18 +163,23 @@ def test_the_registered_seed_counts_come_back_from_their_reports():
     assert f"{sd:.2f}" == "2.90" and power.seeds_needed(1.0, sd, 0.8, 0.025) == 83
 
 
-@pytest.mark.parametrize("table, seeds, weights", [
-    ("preregistered-headroom", range(0, 41), "7d0c30370fb5"),
-    ("domain-funcall-confirmatory", range(0, 25), "c1ad6c76e6b3"),
-    ("domain-math-equal-tokens", range(100, 103), "eb0c145b449c"),
-], ids=["headroom", "funcall-confirmatory", "math-pilot"])
-def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(table, seeds, weights, tmp_path):
+SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
+
+
+@pytest.mark.parametrize("table, seeds, weights, labels, machine", [
+    ("preregistered-headroom", range(0, 41), "7d0c30370fb5", LABELS, MACHINE),
+    ("domain-funcall-confirmatory", range(0, 25), "c1ad6c76e6b3", LABELS, MACHINE),
+    ("domain-math-equal-tokens", range(100, 103), "eb0c145b449c", LABELS, MACHINE),
+    ("samplers-headroom", range(0, 8), "f4c94567f6a7", SAMPLERS, "6a93d771884cba54"),  # its README: where saved
+], ids=["headroom", "funcall-confirmatory", "math-pilot", "samplers"])
+def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(table, seeds, weights, labels, machine,
+                                                                            tmp_path):
     """No success figure is read here: two of these designs are not read yet."""
     records = load_study_script("run_records")
     archive = STUDIES / table / "runs.tar.xz"
     folder = tmp_path / "runs"
     records.unpack(archive, folder)
-    kept = records.whole_seeds(folder, LABELS)
+    kept = records.whole_seeds(folder, labels)
     assert sorted(kept) == list(seeds), f"{table}: the archive holds seeds {sorted(kept)}"
     assert not [p.name for p in folder.iterdir() if p.name not in {d.name for r in kept.values()
                                                                     for d in r.values()} | {records.POLICY}]
@@ -182,7 +187,7 @@ def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(tabl
         for run in runs.values():
             assert records.finished(run), f"{run.name} is not finished"
             assert records.starting_weights(run)[0].startswith(weights), f"{run.name} starts from other weights"
-            assert json.loads((run / "saved_on.json").read_text())["cpu_flags_sha256"] == MACHINE, run.name
+            assert json.loads((run / "saved_on.json").read_text())["cpu_flags_sha256"] == machine, run.name
     builds = list((folder / records.POLICY).glob("*/model/model.safetensors"))
     assert len(builds) == (0 if table == "preregistered-headroom" else 1), builds  # read: its build is not needed
     again = tmp_path / "again" / archive.name
