@@ -36,8 +36,9 @@ eval_schedule = _script("eval_schedule", HERE.parent / "eval_schedule.py")
 run_records = _script("run_records", HERE.parent / "run_records.py")
 
 
-def seed_costs(runs: Path) -> dict[int, tuple[float, float, int]]:
-    """seed -> (training seconds, evaluation seconds, distinct evaluations) for every seed all methods finished."""
+def seed_costs(runs: Path, drop: tuple[int, ...] = ()) -> dict[int, tuple[float, float, int]]:
+    """seed -> (training seconds, evaluation seconds, distinct evaluations) for every seed all methods finished;
+    `drop`: steps whose evaluations are left out (the design without them, priced from the same runs)."""
     out = {}
     seeds = sorted({int(p.name.rsplit("seed", 1)[1]) for p in runs.glob("grpo-seed*")})
     for seed in seeds:
@@ -46,7 +47,8 @@ def seed_costs(runs: Path) -> dict[int, tuple[float, float, int]]:
             continue
         loaded = [eval_schedule.load_evals(d) for d in dirs]
         train = sum(t for _, t in loaded)
-        evals = [r for i, (rows, _) in enumerate(loaded) for r in rows if r["step"] != 0 or i == 0]
+        evals = [r for i, (rows, _) in enumerate(loaded) for r in rows
+                 if (r["step"] != 0 or i == 0) and r["step"] not in drop]
         out[seed] = (train, sum(r["eval/seconds"] for r in evals), len(evals))
     return out
 
@@ -75,10 +77,12 @@ def main() -> None:
     if args.beside:
         rows.append(("registered design, trained beside (seed 200)", seed_costs(args.beside)))
     rows.append(("projected design: where it reads + 0, 12, coupled (seed 200)", measured))
+    without = seed_costs(args.measured, drop=(18,))  # trace - grpo reads 20-24; step 18 is pcl's
     print("| design | seeds | distinct evaluations a seed | training s | evaluation s | core-seconds a seed |")
     print("|---|---|---|---|---|---|")
     for name, costs in rows:
         print(_row(name, costs))
+    print(_row("... without step 18 (`trace` - `grpo` alone; priced from the same runs)", without))
     new = _total(measured)
     print()
     # design.md's variances a seed (points^2): the registered design (independent sampling), this design (coupled)
@@ -86,7 +90,8 @@ def main() -> None:
         ratio = new / _total(costs)
         print(f"Against {name}: cost a seed {ratio:.0%}; core-seconds for the registered SE (the cost measured, "
               f"design.md's variances): trace - grpo {ratio * 0.234 / 0.350:.0%}, "
-              f"pcl - grpo {ratio * 0.467 / 0.585:.0%}")
+              f"pcl - grpo {ratio * 0.467 / 0.585:.0%}; without step 18, trace - grpo "
+              f"{_total(without) / _total(costs) * 0.234 / 0.350:.0%}")
 
 
 if __name__ == "__main__":
