@@ -53,6 +53,9 @@ sys.modules["eval_design"] = eval_design  # its dataclasses look their module up
 _spec.loader.exec_module(eval_design)
 
 
+COUPLING = 0.68  # share of the evaluation noise coupled sampling keeps (coupled-eval-headroom-pilot/, five pairs)
+
+
 @dataclass(frozen=True)
 class SeedReading:
     """One method's primary against the baseline on one seed: the difference, its evaluation noise, the steps read."""
@@ -108,6 +111,13 @@ def table(runs_dir: Path, methods: list[str], baseline: str, axis: str) -> dict:
             "questions": int(first["eval/num_prompts"]), "num_methods": len(methods)}
 
 
+def spread(rows: list[SeedReading]) -> tuple[float, float]:
+    """(the per-seed variance of a primary, its mean evaluation noise), in points^2; training's part is their
+    difference."""
+    d = 100 * np.array([r.difference for r in rows])
+    return float(np.var(d, ddof=1)), 1e4 * float(np.mean([r.noise for r in rows]))
+
+
 def evaluations_per_seed(steps: list[int], num_methods: int) -> int:
     """Distinct evaluations a seed pays for: step 0 once (shared by its methods), every other step per method."""
     return (0 in steps) + num_methods * len([s for s in steps if s != 0])
@@ -143,7 +153,7 @@ def main() -> None:
     parser.add_argument("--methods", default="grpo,pcl,trace")
     parser.add_argument("--baseline", default="grpo")
     parser.add_argument("--axis", default="tokens", choices=("tokens", "units"))
-    parser.add_argument("--coupling", type=float, default=0.68, help="share of evaluation noise coupling keeps")
+    parser.add_argument("--coupling", type=float, default=COUPLING, help="share of evaluation noise coupling keeps")
     parser.add_argument("--curve-steps", default="0,6,12", help="evaluations kept to draw the curves")
     parser.add_argument("--var-build", type=float, default=None, help="between-build variance of the primary "
                         "(points^2)")
@@ -162,9 +172,7 @@ def main() -> None:
              f"samples, independent sampling. A seed's training {t['train_seconds']:.0f} s (its {len(methods)} runs), "
              f"an evaluation {t['eval_seconds']:.1f} s (means over the table). Points are percentage points.", ""]
     for method, rows in t["readings"].items():
-        d = 100 * np.array([r.difference for r in rows])
-        noise = 1e4 * float(np.mean([r.noise for r in rows]))
-        var_seed = float(np.var(d, ddof=1))
+        var_seed, noise = spread(rows)
         var_train = var_seed - noise
         # the optimum is sized at var_train's upper 80% bound: a design tuned to a training variance of zero
         # would spend everything on evaluation

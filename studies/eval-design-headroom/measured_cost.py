@@ -73,6 +73,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_records.unpack(args.registered, Path(tmp))
         table = seed_costs(Path(tmp))
+        readings = eval_schedule.table(Path(tmp), list(METHODS), "grpo", "tokens")["readings"]
+    # variances a seed (points^2), the registered design's and this one's (coupled), as design.md models them
+    shares = {}
+    for method, rows in readings.items():
+        var_seed, noise = eval_schedule.spread(rows)
+        coupled = eval_schedule.Design("coupled", [], eval_schedule.COUPLING, 1.0)
+        shares[f"{method} - grpo"] = eval_schedule.variance(coupled, var_seed - noise, noise) / var_seed
     rows = [("the registered table's runs (preregistered-headroom/)", table)]
     if args.beside:
         rows.append(("registered design, trained beside (seed 200)", seed_costs(args.beside)))
@@ -85,13 +92,12 @@ def main() -> None:
     print(_row("... without step 18 (`trace` - `grpo` alone; priced from the same runs)", without))
     new = _total(measured)
     print()
-    # design.md's variances a seed (points^2): the registered design (independent sampling), this design (coupled)
     for name, costs in rows[:-1]:
         ratio = new / _total(costs)
         print(f"Against {name}: cost a seed {ratio:.0%}; core-seconds for the registered SE (the cost measured, "
-              f"design.md's variances): trace - grpo {ratio * 0.234 / 0.350:.0%}, "
-              f"pcl - grpo {ratio * 0.467 / 0.585:.0%}; without step 18, trace - grpo "
-              f"{_total(without) / _total(costs) * 0.234 / 0.350:.0%}")
+              f"design.md's variances): trace - grpo {ratio * shares['trace - grpo']:.0%}, "
+              f"pcl - grpo {ratio * shares['pcl - grpo']:.0%}; without step 18, trace - grpo "
+              f"{_total(without) / _total(costs) * shares['trace - grpo']:.0%}")
 
 
 if __name__ == "__main__":

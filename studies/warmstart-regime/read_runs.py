@@ -1,5 +1,6 @@
 """The catalogue runs' reading (README.md's table): per arm, each seed's held-out gain after 30 steps with its paired
-95% interval over the 200 test questions, and the mean over seeds with its Student-t 95% interval.
+95% interval over the 200 test questions (`paired_difference` on one seed, the interval `tracerl train` prints), and
+the mean over seeds with its Student-t 95% interval.
 
     python studies/warmstart-regime/read_runs.py [RUNS]        (default runs/warmstart)
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracerl.core.stats import seed_mean, t_quantile_975
+from tracerl.core.stats import paired_difference, seed_mean
 
 
 def gains(runs: Path) -> dict[str, dict[int, tuple[float, float]]]:
@@ -25,9 +26,9 @@ def gains(runs: Path) -> dict[str, dict[int, tuple[float, float]]]:
         evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
         if len(evals) < 2 or evals[-1]["step"] != 30:
             continue  # not finished
-        diff = 100 * (np.array(evals[-1]["eval/per_prompt"]) - np.array(evals[0]["eval/per_prompt"]))
-        half = t_quantile_975(len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
-        out[arm][int(seed)] = (float(diff.mean()), float(half))
+        d = paired_difference([100 * np.array(evals[-1]["eval/per_prompt"])],
+                              [100 * np.array(evals[0]["eval/per_prompt"])])
+        out[arm][int(seed)] = (d.mean, d.hi - d.mean)
     return out
 
 
