@@ -255,3 +255,37 @@ def test_under_a_token_budget_runs_that_end_at_different_steps_are_finished_by_t
     trace = summary["methods"]["trace"]
     assert trace["seeds_short_of_tokens"] == 0 and trace["diff_at_equal_tokens"]["mean"] == pytest.approx(0.44 - 0.4)
     assert "1 seed(s) (0), steps per run grpo 4, trace 8." in to_markdown({**summary, "weights": None}, "cmd")
+
+
+def test_a_reports_intervals_come_back_from_its_per_seed_values_alone(tmp_path):
+    """`restate` recomputes every interval over seeds from the per-seed values a report keeps: on a report written now
+    it changes nothing, and on one whose intervals were written otherwise it gives back what the runs give."""
+    from tracerl.report.restate import restate
+
+    rng = np.random.default_rng(0)
+    for seed in range(4):
+        write_run(tmp_path, "grpo", seed, {0: [0.2] * 8, 2: list(rng.random(8)), 4: list(rng.random(8))}, 1000)
+        write_run(tmp_path, "trace", seed, {0: [0.2] * 8, 2: list(rng.random(8)), 4: list(rng.random(8))}, 900,
+                  informative=0.5 + 0.1 * seed)
+    kept, runs = complete_seeds(tmp_path, ["grpo", "trace"], list(range(4)))
+    summary = json.loads(json.dumps({**summarize(runs, "grpo", kept), "weights": None}))  # as compare.json keeps it
+    assert _close(restate(summary), summary)
+    doctored = json.loads(json.dumps(summary))
+    row = doctored["methods"]["trace"]
+    for axis in ("units", "tokens"):
+        row[f"diff_at_equal_{axis}"].update(lo=-1.0, hi=1.0, boot_lo=-1.0, boot_hi=1.0)
+        row[f"share_of_baseline_{axis}_ci"].update(lo=0.0, hi=9.0, median_lo=0.0, median_hi=9.0)
+    for reading in row["signal_vs_baseline"].values():
+        reading.update(lo=-1.0, hi=1.0)
+    assert _close(restate(doctored), summary)
+
+
+def _close(a, b) -> bool:
+    """Equal at every depth, numbers to within float rounding (1e-12 relative)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-15, nan_ok=True)
+    return a == b

@@ -21,9 +21,11 @@ from tracerl.core.stats import (
     num_eval_questions,
     paired_difference,
     paired_t_pvalue,
+    bootstrap_over_seeds,
     seed_bootstrap,
     share_to_reach,
     t_cdf,
+    t_half_width,
     t_quantile_975,
 )
 from tracerl.core.tree import Segment, Tree
@@ -91,7 +93,10 @@ def test_paired_difference_rejects_different_questions():
 def test_t_quantiles():
     assert t_quantile_975(1) == pytest.approx(12.706)
     assert t_quantile_975(4) == pytest.approx(2.776)
-    assert t_quantile_975(1000) == pytest.approx(1.96, abs=1e-3)
+    assert t_quantile_975(30) == pytest.approx(2.042)
+    assert t_quantile_975(40) == pytest.approx(2.0211, abs=1e-4)  # not the normal 1.96 above 30 dof
+    assert t_quantile_975(120) == pytest.approx(1.9799, abs=1e-4)
+    assert t_quantile_975(100000) == pytest.approx(1.96, abs=1e-3)
     with pytest.raises(ValueError):
         t_quantile_975(0)
 
@@ -260,17 +265,50 @@ def test_the_statistics_read_many_resampled_curves_at_once_as_they_read_one():
         assert np.allclose(together, alone), statistic.__name__
 
 
-def test_seed_bootstrap_with_question_noise_is_wider_than_without():
-    rng = np.random.default_rng(2)
+def _noisy_table(rng, num_seeds, num_questions, gain):
+    """Seeds whose per-seed difference is evaluation noise only: each seed draws its own questions' outcomes."""
     pairs = []
-    for s in range(5):
-        base = Curve(np.array([0.0, 100.0]), (rng.random((2, 64)) < 0.5).astype(float))
-        method = Curve(base.cost, (rng.random((2, 64)) < 0.55).astype(float))
-        pairs.append((method, base))
-    with_q = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=500)
-    without = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=500, resample_questions=False)
-    assert with_q.mean == without.mean
-    assert with_q.hi - with_q.lo > without.hi - without.lo
+    for _ in range(num_seeds):
+        base = Curve(np.array([0.0, 100.0]), (rng.random((2, num_questions)) < 0.5).astype(float))
+        pairs.append((Curve(base.cost, (rng.random((2, num_questions)) < 0.5 + gain).astype(float)), base))
+    return pairs
+
+
+def test_seed_bootstrap_counts_evaluation_noise_once():
+    """A seed's value already holds its evaluation noise: resampling seeds covers the truth about 95% of the time.
+    Resampling each drawn seed's questions as well would widen the interval by about sqrt(2) (coverage near 99.5%)."""
+    rng = np.random.default_rng(2)
+    covered, ratios = 0, []
+    for _ in range(200):
+        est = seed_bootstrap(diff_at_baseline_cost, _noisy_table(rng, 12, 64, 0.05), num_resamples=400,
+                             seed=int(rng.integers(1 << 30)))
+        covered += est.lo <= 0.05 <= est.hi
+        ratios.append((est.hi - est.lo) / (2 * 1.959964 * np.std(est.per_seed, ddof=1) / math.sqrt(12)))
+    assert not est.resample_questions
+    assert 0.88 <= covered / 200 <= 0.98
+    assert 0.85 <= float(np.median(ratios)) <= 1.1
+
+
+def test_the_bootstrap_over_few_seeds_is_about_as_wide_as_students_t():
+    """The plain percentile interval over 5 seeds is about 0.65 of the t interval's width; the expanded one is not."""
+    rng = np.random.default_rng(5)
+    ratios = []
+    for i in range(300):
+        values = rng.normal(0.0, 1.0, 5)
+        est = bootstrap_over_seeds(values, num_resamples=1000, seed=i)
+        ratios.append((est.hi - est.lo) / (2 * t_half_width(values)))
+    assert 0.8 <= float(np.median(ratios)) <= 1.15
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        bootstrap_over_seeds([0.1])
+
+
+def test_seed_bootstrap_of_one_seed_resamples_its_questions():
+    """One seed: the only draw left is the questions; the interval is then about the normal one over questions."""
+    pairs = _noisy_table(np.random.default_rng(4), 1, 400, 0.05)
+    est = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=2000)
+    d = pairs[0][0].per_question[-1] - pairs[0][1].per_question[-1]
+    assert est.resample_questions and est.per_seed == (pytest.approx(d.mean()),)
+    assert (est.hi - est.lo) / (2 * 1.959964 * d.std(ddof=1) / math.sqrt(len(d))) == pytest.approx(1.0, abs=0.1)
 
 
 def test_the_median_over_seeds_stays_finite_where_one_seed_never_reaches():

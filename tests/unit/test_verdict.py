@@ -122,9 +122,9 @@ def test_a_report_without_median_fields_reads_the_median_without_an_interval():
 
 
 @pytest.mark.parametrize("signal_diff, reading", [
-    ((0.2, 0.1, 0.3), "the signal was not what limited learning"),
+    ((0.2, 0.1, 0.3), "more informative tokens per token, with no held-out gain established"),
     ((0.2, -0.1, 0.5), "not distinguishable"),  # the means favour the method; the interval does not
-    ((-0.02, -0.03, -0.01), "its tokens went where fewer carried a gradient"),
+    ((-0.02, -0.03, -0.01), "fewer informative tokens per token"),
     (None, "no per-seed interval in this report"),  # a report before the per-seed reading: nothing off the means
 ])
 def test_the_learning_signal_is_read_off_its_per_seed_interval(signal_diff, reading):

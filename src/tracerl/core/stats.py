@@ -13,9 +13,9 @@ labelled so (`PairedDifference.over`).
 
 Per-seed readings with a bootstrap (`seed_bootstrap`): the cost a method needs to reach the baseline's final
 success, and its share of the baseline's cost, are read on each seed's own curves and only then pooled; a share read
-off the seed-mean curve depends on where its few evaluation points fall. The interval resamples seeds and, within
-each drawn seed, its held-out questions (the same draw for both methods: they are evaluated on the same questions),
-so it carries both the training noise and the evaluation noise. Tokens-to-threshold reads a nondecreasing fit of the
+off the seed-mean curve depends on where its few evaluation points fall. The interval resamples seeds, the top level
+of the design: each seed's value already carries its own evaluation noise, so its spread over seeds holds the
+training and the evaluation noise once each (with one seed it resamples that seed's questions instead). Tokens-to-threshold reads a nondecreasing fit of the
 curve (`isotonic`), so one noisy evaluation above the threshold does not count as reaching it.
 
 Secondary comparisons are corrected with Holm's step-down procedure (`holm`) within a table, on the two-sided p-values
@@ -26,13 +26,15 @@ Deliberately not here: anything that reads files.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-# two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (above 30 the normal quantile is within 4%)
+# two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom, as printed in the usual tables; above 30
+# they are computed (`_t_quantile`), never replaced by the normal quantile (1.96 is 2.7% narrow at 40 dof)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042)
@@ -40,10 +42,22 @@ _Z975 = 1.959964
 
 
 def t_quantile_975(dof: int) -> float:
-    """Two-sided 95% critical value of Student's t with `dof` degrees of freedom (the normal one for dof > 30)."""
+    """Two-sided 95% critical value of Student's t with `dof` degrees of freedom, at every dof."""
     if dof < 1:
         raise ValueError(f"a t interval needs at least 1 degree of freedom, got {dof}")
-    return _T975[dof - 1] if dof <= len(_T975) else _Z975
+    return _T975[dof - 1] if dof <= len(_T975) else _t_quantile(0.975, dof)
+
+
+@functools.lru_cache(maxsize=256)
+def _t_quantile(p: float, dof: int) -> float:
+    """The t with P(T <= t) = p (p > 1/2): bisection on `t_cdf` to 1e-7, from [0, 2] widened until it brackets."""
+    lo, hi = 0.0, 2.0
+    while t_cdf(hi, dof) < p:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-7:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, dof) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
 def t_cdf(t: float, dof: int) -> float:
@@ -226,16 +240,19 @@ class BootstrapEstimate:
 
 
 def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: Sequence[tuple[Curve, Curve]], *,
-                   num_resamples: int = 2000, level: float = 0.95, resample_questions: bool = True,
-                   seed: int = 0) -> BootstrapEstimate:
+                   num_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> BootstrapEstimate:
     """statistic(method, baseline) on each seed's (method, baseline) curves, pooled as the mean over seeds.
 
-    Interval: percentile bootstrap. Each resample draws the seeds with replacement and, with `resample_questions`,
-    each drawn seed's questions with replacement (one draw shared by both curves, which are evaluated on the same
-    questions). The question draws are made first, `num_resamples` per seed, as weights on the questions, so that a
-    statistic sees all of a seed's resampled curves at once ((E, R) success); each drawn seed then takes one of its
-    own draws at random. An infinite per-seed value (a method that never reached) makes a mean infinite; the
-    percentiles are read without interpolation, so a bound is infinite only when that share of resamples is.
+    Interval: percentile bootstrap at the top level of the design. With two or more seeds each resample draws the
+    seeds with replacement and nothing else: a seed's value already carries its own evaluation noise (its questions
+    and samples were drawn once, for that seed), so the spread of the per-seed values holds both the training and the
+    evaluation noise, and resampling the questions inside each drawn seed as well would count the evaluation noise a
+    second time (a nested design's bootstrap resamples its top level only: Davison and Hinkley 1997, section 3.8).
+    With one seed there is no spread over seeds; each resample then draws that seed's questions with replacement (one
+    draw shared by both curves, which are evaluated on the same questions), an interval that leaves training noise
+    out (`resample_questions` says which was done). An infinite per-seed value (a method that never reached) makes a
+    mean infinite; the percentiles are read without interpolation, so a bound is infinite only when that share of
+    resamples is.
 
     The median over seeds is pooled from the same resamples (no further random draw, so the mean's interval does
     not move): it is infinite only where at least half the seeds are, so unlike the mean it does not become infinite
@@ -247,25 +264,47 @@ def seed_bootstrap(statistic: Callable[[Success, Success], np.ndarray], pairs: S
             raise ValueError(f"seed {s}: {a.per_question.shape[1]} and {b.per_question.shape[1]} questions; the "
                              "curves of one seed must be evaluated on the same questions")
     per_seed = np.array([float(statistic(a.mean(), b.mean())) for a, b in pairs])
+    if len(pairs) == 1:
+        rng = np.random.default_rng(seed)
+        a, b = pairs[0]
+        num_q = a.per_question.shape[1]
+        drawn = rng.integers(num_q, size=(num_resamples, num_q)) + num_q * np.arange(num_resamples)[:, None]
+        counts = np.bincount(drawn.ravel(), minlength=num_resamples * num_q).reshape(num_resamples, num_q)
+        weights = counts.T / num_q  # (Q, R): the share of each resample's draws that fell on each question
+        resampled = np.asarray(statistic(a.mean(weights), b.mean(weights)), dtype=float)[:, None]  # (R, 1)
+        return _percentiles(per_seed, resampled, level, True)
+    return bootstrap_over_seeds(per_seed, num_resamples=num_resamples, level=level, seed=seed)
+
+
+def bootstrap_over_seeds(per_seed: Sequence[float], *, num_resamples: int = 2000, level: float = 0.95,
+                         seed: int = 0) -> BootstrapEstimate:
+    """The percentile bootstrap of the mean (and median) of per-seed values, resampling the seeds: what
+    `seed_bootstrap` gives for two or more seeds, from the per-seed values alone (a report's `per_seed` restates its
+    interval with no run at hand)."""
+    values = np.asarray(per_seed, dtype=float)
+    if len(values) < 2:
+        raise ValueError(f"a bootstrap over seeds needs at least 2 seeds, got {len(values)}")
     rng = np.random.default_rng(seed)
-    replicates = np.repeat(per_seed[:, None], num_resamples, axis=1)  # (S, R)
-    if resample_questions:
-        for s, (a, b) in enumerate(pairs):
-            num_q = a.per_question.shape[1]
-            drawn = rng.integers(num_q, size=(num_resamples, num_q)) + num_q * np.arange(num_resamples)[:, None]
-            counts = np.bincount(drawn.ravel(), minlength=num_resamples * num_q).reshape(num_resamples, num_q)
-            weights = counts.T / num_q  # (Q, R): the share of each resample's draws that fell on each question
-            replicates[s] = statistic(a.mean(weights), b.mean(weights))
-    seeds = rng.integers(len(pairs), size=(num_resamples, len(pairs)))
-    columns = rng.integers(num_resamples, size=(num_resamples, len(pairs)))
-    resampled = replicates[seeds, columns]  # (R, S)
-    draws = resampled.mean(axis=1)  # (R,)
+    return _percentiles(values, values[rng.integers(len(values), size=(num_resamples, len(values)))], level, False)
+
+
+def _percentiles(per_seed: np.ndarray, resampled: np.ndarray, level: float, questions: bool) -> BootstrapEstimate:
+    """The estimate from (R, S) resampled per-seed values: percentile intervals of their mean and their median.
+
+    Over S seeds the percentiles are the expanded ones (Hesterberg 2015, "What teachers should know about the
+    bootstrap"): read at the tail Phi(-sqrt(S / (S - 1)) t_{S-1}) instead of (1 - level) / 2, which undoes the plain
+    percentile interval's narrowness with few seeds (its spread is the plug-in one, over S not S - 1, and its
+    quantiles are the normal ones, not Student's); at 41 seeds it reads the 2.0% tails, at 8 seeds 0.6%, at 5 0.1%."""
     tail = (1 - level) / 2
-    lo, hi = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
+    if not questions:
+        dof = resampled.shape[1] - 1
+        z = math.sqrt(resampled.shape[1] / dof) * _t_quantile(1 - tail, dof)
+        tail = 0.5 * math.erfc(z / math.sqrt(2))
+    lo, hi = np.quantile(resampled.mean(axis=1), [tail, 1 - tail], method="inverted_cdf")
     median_lo, median_hi = np.quantile(np.median(resampled, axis=1), [tail, 1 - tail], method="inverted_cdf")
     return BootstrapEstimate(float(per_seed.mean()), float(lo), float(hi), tuple(float(v) for v in per_seed),
-                             num_resamples, resample_questions, float(np.median(per_seed)),
-                             float(median_lo), float(median_hi))
+                             len(resampled), questions, float(np.median(per_seed)), float(median_lo),
+                             float(median_hi))
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ per-step budget, data order and held-out questions. This module only reads those
   beside mixed trees per unit and the effective ratio; and against the baseline:
   - the paired difference of held-out success at the baseline's final sampled tokens (and units), each run's
     per-question curve interpolated between its evaluations: a t interval over seeds, a bootstrap interval over
-    seeds and questions, the t-test's p-value and its Holm adjustment over the table's comparisons;
+    seeds, the t-test's p-value and its Holm adjustment over the table's comparisons;
   - the share of the baseline's tokens (and units) a method needs to reach the baseline's final success, read on
     each seed's own curves (`tracerl.core.stats.share_to_reach`) and pooled as the mean over seeds, with a
-    bootstrap interval over seeds and questions. Never read off the seed-mean curve: with a few evaluation points
+    bootstrap interval over seeds. Never read off the seed-mean curve: with a few evaluation points
     that reading is an artefact of where the points fall.
   - where the tokens went, per seed (exploratory): the ratio of sampled tokens per unit and the differences of the
     learning-signal measures, each run's mean over its steps, with a t interval over seeds.
@@ -43,6 +43,7 @@ import numpy as np
 
 from tracerl.core.stats import (
     Curve,
+    bootstrap_over_seeds,
     diff_at_baseline_cost,
     holm,
     interpolate_at,
@@ -289,7 +290,8 @@ def _against_baseline(seed_runs: list[dict], base_runs: list[dict], base_row: di
             short += not reached
             at.append(value)
         diff = paired_difference(at, [b.per_question[-1] for b in theirs]).to_dict()
-        boot = seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=NUM_RESAMPLES)
+        boot = (seed_bootstrap(diff_at_baseline_cost, pairs, num_resamples=NUM_RESAMPLES) if len(pairs) == 1 else
+                bootstrap_over_seeds(diff["per_seed"], num_resamples=NUM_RESAMPLES))  # the t interval's values
         diff.update({"boot_lo": boot.lo, "boot_hi": boot.hi, "p": paired_t_pvalue(diff["per_seed"])})
         row[f"diff_at_equal_{axis}"] = diff
         row[f"seeds_short_of_{axis}"] = short  # runs that spent less than the baseline: read at their end
@@ -461,8 +463,8 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
         lines += ["", "Differences are paired by seed and question; the t interval is "
                   + ("Student's t over the per-seed mean differences" if over == "seeds" else
                      "normal over questions (one seed: training noise is not in it)")
-                  + f", the bootstrap interval resamples seeds and each drawn seed's questions ({NUM_RESAMPLES} "
-                  "resamples); p is the paired t-test's over seeds, and p (Holm) its Holm adjustment over this "
+                  + f", the bootstrap interval resamples seeds ({NUM_RESAMPLES} resamples; each seed's value holds its "
+                  "own evaluation noise, so its questions are resampled only where there is one seed); p is the paired t-test's over seeds, and p (Holm) its Holm adjustment over this "
                   "table's comparisons (read it for every comparison a pre-registration names secondary). A curve "
                   "is read at another cost by interpolating between its evaluations, never beyond its last one. "
                   "The share is read on each seed's own curves (nondecreasing fits), then averaged over seeds."]

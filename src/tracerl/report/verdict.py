@@ -6,7 +6,7 @@ smallest effect worth the machinery. For each comparator X it reads the two prim
 computed (docs/design.md section 3, "accuracy" and "The pre-registered reading"):
 
     (a) d_X = success(method) - success(X) at X's final sampled tokens, per seed; paired t-test over seeds
-    (b) s_X = tokens(method) / tokens(X) to reach X's final success, per seed; bootstrap over seeds and questions
+    (b) s_X = tokens(method) / tokens(X) to reach X's final success, per seed; bootstrap over seeds
 
 and applies the rule fixed before the runs (studies/preregistration.md):
 
@@ -30,8 +30,8 @@ on; studies/preregistration.md, "Other domains at equal tokens, with power").
 
 Beside the verdicts it lists the priced learning-signal measure (informative sampled tokens per sampled token) and the
 report's per-seed reading of it against the comparator (`signal_vs_baseline`: difference and t interval over seeds,
-with the ratio of sampled tokens per unit), so a signal that favours the method while held-out success does not, or a
-method whose tokens went where fewer carried a gradient, is stated as such, read off the interval, never the means.
+with the ratio of sampled tokens per unit), read off the interval, never the means, and as a description only: the
+measure has not been shown to rank methods as held-out success does (a proxy is read as a cause only once it has).
 
 Deliberately not here: any new statistic. Every number is the compare report's; this module only applies the
 decision rule, so the rule cannot drift between the plan and its reading.
@@ -187,16 +187,17 @@ def _signal_diffs(signal: dict[str, Any]) -> dict[str, Any]:
 
 
 def _signal_reading(signal: dict[str, Any], held_out_gain: bool) -> str:
-    """What the per-seed signal difference says beside the held-out verdict; read off its interval only."""
+    """What the per-seed signal difference says beside the held-out verdict, read off its interval only, and only
+    as a description: the measure is not shown to rank methods as held-out success does, so it explains nothing."""
     diff = signal.get("diff")
     if not diff or diff["lo"] is None or diff["hi"] is None:
         return "no per-seed interval in this report"
     if diff["lo"] > 0:
-        return ("more learning signal per token without a held-out gain: the signal was not what limited learning"
-                if not held_out_gain else "more learning signal per token, and a held-out gain")
+        return ("more informative tokens per token, with no held-out gain established" if not held_out_gain
+                else "more informative tokens per token, and a held-out gain")
     if diff["hi"] < 0:
-        return "less learning signal per token: its tokens went where fewer carried a gradient"
-    return "learning signal per token not distinguishable"
+        return "fewer informative tokens per token"
+    return "informative tokens per token not distinguishable"
 
 
 def testbed_verdict(reports: dict[str, dict[str, Any]], plans: dict[str, Plan]) -> dict[str, Any]:
