@@ -434,7 +434,7 @@ def test_knapsack_rl_preset_spends_grpos_rollouts_on_grpos_batch():
 
 
 # ------------------------------------------------------------------------------------------------- in the one step
-ROUND_METHODS = ["dapo", "reinforce_ada", "speed", "pilot_commit"]
+ROUND_METHODS = ["dapo", "reinforce_ada", "speed", "pilot_commit", "posterior"]
 
 
 @pytest.mark.parametrize("unit", ["units", "tokens"])
@@ -465,6 +465,8 @@ def test_each_sampler_spends_the_steps_budget_and_trains_on_what_it_kept(name, u
                 m[f"alloc/round{r}_rollouts"] for r in range(1, m["alloc/rounds"] + 1)) == sampled
             assert sum(m[f"alloc/round{r}_tokens"] for r in range(1, m["alloc/rounds"] + 1)) == m["rollout/tokens"]
             assert all(n.origin in ("prompt", "bare") for t in grown.trees for n in t.nodes), "rounds are fresh"
+        if name == "posterior":
+            assert all(0 < sum(t.rewards() > 0.5) < len(t.leaves()) for t in result.trees), "it keeps mixed groups"
         if name in ("dapo", "speed", "pilot_commit"):
             assert all(t.is_mixed() for t in result.trees) or name != "dapo"
             assert {t.prompt_id for t in result.trees} <= {t.prompt_id for t in grown.trees}

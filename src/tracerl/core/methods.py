@@ -50,6 +50,7 @@ class AllocationConfig:
     pilot_high: float = knob(0.75, ge=0, le=1)  # pilot_commit: the upper end of that window (both ends included)
     keep_prompts: int | None = knob(None, ge=1)  # dapo, speed, pilot_commit: rounds stop once this many groups are kept (the train batch); None = when the budget is spent
     max_rounds: int = knob(10, ge=1)  # most rounds of fresh rollouts a round sampler runs in one step (verl's max_num_gen_batches)
+    prior_strength: float = knob(4.0, gt=0)  # posterior: the predictor's p counts as this many rollouts (Beta(kappa p, kappa (1 - p)))
     ada_exit: str = knob("balanced", choices=("balanced", "positive"))  # reinforce_ada: a prompt stops at n/2 successes and n/2 failures, or at its first success
 
     def __post_init__(self) -> None:
@@ -271,6 +272,9 @@ METHODS: dict[str, MethodPreset] = {m.name: m for m in [
                  description="a screening round, then more rollouts only for prompts whose screening was mixed"),
     MethodPreset("pilot_commit", "pilot_commit", None, "grpo", "none", source=ROUND_SAMPLERS["pilot_commit"].source,
                  description="a pilot round, then a commit batch for prompts with pilot accuracy in [0.125, 0.75]"),
+    MethodPreset("posterior", "posterior", None, "grpo", "learned", source=ROUND_SAMPLERS["posterior"].source,
+                 description="rounds by posterior value per expected token: probes of round_rollouts, mixed groups "
+                             "filled to n, a Beta prior around the predictor updated with every rollout"),
     MethodPreset("knapsack_rl", "knapsack_rl", None, "grpo", "learned",
                  source="KnapsackRL (arXiv 2509.25849), liziniu/KnapsackRL",
                  description="GRPO's batch, its rollouts redistributed by KnapsackRL's knapsack on predicted p"),

@@ -1,5 +1,6 @@
 """The adaptive samplers users switch on elsewhere, as presets of the one step: DAPO's dynamic sampling, Reinforce-Ada,
-SPEED and Pilot-Commit decide in rounds; KnapsackRL's allocation is a stage-1 policy.
+SPEED and Pilot-Commit decide in rounds; KnapsackRL's allocation is a stage-1 policy. Beside them, ours: posterior
+screening, rounds chosen by a Beta posterior around the predictor, priced per expected token.
 
 A **round sampler** grants each round's fresh rollouts from what the step's earlier rounds showed. Growth runs the
 rounds (`tracerl.core.growth.grow_in_rounds`): it asks `grants(seen, rng)` for the next round's rollouts per pool
@@ -265,8 +266,81 @@ class PilotCommit(ScreenThenCommit):
         return [queue[j] for j in rng.choice(len(queue), size=need, replace=False)]
 
 
+# ------------------------------------------------------------------------------------------- posterior screening
+def beta_moment(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """E[theta^k] for theta ~ Beta(a, b): prod_{j < k} (a + j) / (a + b + j); 1 for k = 0."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    out = np.ones(np.broadcast(a, b).shape)
+    for j in range(k):
+        out = out * (a + j) / (a + b + j)
+    return out
+
+
+def posterior_ratio(a: np.ndarray, b: np.ndarray, rollouts: np.ndarray, successes: np.ndarray, n: int, probe: int,
+                    cost: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each prompt, the rollouts its next block asks for, the expected informative rollouts per unit of expected
+    cost that block leads to, and the expected cost still to come after it (a commit, if it turns mixed).
+
+    theta_i ~ Beta(a_i + s_i, b_i + m_i - s_i) after m_i rollouts with s_i successes. A mixed group short of n is filled
+    to n: n - m informative rollouts for as many rollouts (ratio 1 / cost). A group not yet mixed gets a block of
+    k = min(probe, n - m) more; it turns mixed with q = 1 - E[(1 - theta)^k] (all failed so far; a new prompt: 1 -
+    E[theta^k] - E[(1 - theta)^k]) or 1 - E[theta^k] (all succeeded), and is then filled to n, so the block leads to
+    q n informative rollouts for an expected k + q (n - m - k) rollouts. A group of n or more asks for nothing."""
+    m, s = np.asarray(rollouts, dtype=np.int64), np.asarray(successes, dtype=np.int64)
+    post_a, post_b = a + s, b + (m - s)
+    block = np.where(m >= n, 0, np.where((s > 0) & (s < m), n - m, np.minimum(probe, n - m))).astype(np.int64)
+    mixed = (s > 0) & (s < m)
+    q = np.zeros(len(m))
+    for k in np.unique(block[~mixed & (block > 0)]):
+        sel = ~mixed & (block == k)
+        fail_all = 1.0 - beta_moment(post_b[sel], post_a[sel], int(k))  # some success among k
+        succ_all = 1.0 - beta_moment(post_a[sel], post_b[sel], int(k))  # some failure among k
+        q[sel] = np.where(m[sel] == 0, fail_all + succ_all - 1.0, np.where(s[sel] == 0, fail_all, succ_all))
+    q = np.clip(q, 0.0, 1.0)
+    after = np.where(mixed, 0.0, q * np.maximum(n - m - block, 0)) * cost  # the commit it may lead to
+    value = np.where(mixed, block, q * n)
+    spend = block * cost + after
+    ratio = np.where(block > 0, value / np.maximum(spend, 1e-12), 0.0)
+    return block, ratio, after
+
+
+class PosteriorScreening(RoundSampler):
+    """Screening in rounds by posterior value per expected cost (ours; docs/allocation.md): each prompt's success
+    probability starts as Beta(kappa p, kappa (1 - p)) around the predictor's p (kappa = `prior_strength`) and is
+    updated with every rollout the step samples. Each round grants one block per prompt, best `posterior_ratio`
+    first: a mixed group is filled to n, any other prompt is probed with `round_rollouts` more (fewer if that would
+    pass n); a probe is granted only while the budget can also pay the commit it is expected to lead to. Rounds stop
+    when nothing fits or after `max_rounds`; the mixed groups are kept (a group of all-equal rewards has no
+    advantage)."""
+
+    source = "ours: SPEED-RL's screen-then-commit with a Beta prior around the predictor, priced in expected tokens"
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        self.n, self.probe, self.kappa = config.rollouts_per_prompt, config.round_rollouts, config.prior_strength
+
+    def grants(self, seen: Seen, rng: np.random.Generator) -> np.ndarray:
+        p = np.clip(seen.p, 0.01, 0.99)
+        block, ratio, after = posterior_ratio(self.kappa * p, self.kappa * (1 - p), seen.rollouts, seen.successes,
+                                              self.n, self.probe, seen.cost)
+        rank = np.empty(len(p), dtype=np.int64)
+        rank[seen.order] = np.arange(len(p))  # ties go to the data loader's order
+        out, left, reserved = np.zeros(len(p), dtype=np.int64), seen.budget_left, 0.0
+        for i in np.lexsort((rank, -ratio)):
+            if ratio[i] <= 0:
+                break
+            price = block[i] * seen.cost[i]
+            if price + reserved + after[i] <= left + 1e-9:
+                out[i], left, reserved = block[i], left - price, reserved + after[i]
+        return out
+
+    def keep(self, trees: dict[int, Tree], seen: Seen, rng: np.random.Generator) -> dict[int, Tree]:
+        return {i: tree for i, tree in trees.items() if 0 < seen.successes[i] < seen.rollouts[i]}
+
+
 ROUND_SAMPLERS: dict[str, type[RoundSampler]] = {
     "dapo": DynamicSampling, "reinforce_ada": ReinforceAda, "speed": Speed, "pilot_commit": PilotCommit,
+    "posterior": PosteriorScreening,
 }
 
 
