@@ -14,6 +14,7 @@
   finished seeds their READMEs list, all from the one build kept with them, saved on the machine they name. No
   success figure of theirs is computed: the plan reads them once complete.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes.
+- The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
   per-seed values (`restate_reports.py --check`).
 
@@ -132,6 +133,13 @@ def test_every_kept_report_is_stated_by_todays_statistics(capsys):
     """Each report's intervals over seeds, computed again from its per-seed values, are the ones it shows (the
     headroom table's also come back from its runs: `test_the_headroom_reports_come_back_field_for_field`)."""
     assert load_study_script("restate_reports").main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_the_proxy_ranks_come_back_from_the_reports(tmp_path, capsys):
+    """studies/proxy-ranks/ranks.md, the table its README reads, is what proxy_ranks.py computes from the reports."""
+    assert load_study_script("proxy_ranks").main(["--out", str(tmp_path / "ranks.md")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "ranks.md").read_text() == (STUDIES / "proxy-ranks" / "ranks.md").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(PLANNED_SEEDS))

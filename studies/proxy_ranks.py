@@ -1,0 +1,95 @@
+"""Does a learning-signal measure rank methods as held-out success does? Read on the kept tables' per-seed values.
+
+    python studies/proxy_ranks.py [--out studies/proxy-ranks.md]
+
+A proxy (informative sampled tokens per token, informative units per unit, mixed trees per budget unit) may screen
+methods only once it is shown to order them as held-out success at equal sampled tokens does. Every report against
+`grpo` keeps, per seed, each method's held-out difference from `grpo` and each proxy's difference from `grpo`
+(`signal_vs_baseline`), so both orders can be read per seed with `grpo` at zero:
+
+- **methods' order**: Kendall's tau-b between the methods' mean proxy and their mean held-out difference (`grpo`
+  included at 0), with a percentile interval from 4,000 resamples of the seeds (the same seeds for both measures);
+- **per seed**: the same tau-b within each seed, averaged over seeds, with Student's t interval over seeds.
+
+A tau near +1 means the proxy orders methods as held-out success does. Tables: the two confirmatory tables (3
+methods), the samplers table (6 methods: `pilot_commit` is left out, it trains as `speed` does), the headroom pilot
+and the domain tables. One build each: a reading is the build's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tracerl.core.stats import seed_mean
+
+STUDIES = Path(__file__).resolve().parent
+TABLES = ("preregistered-headroom", "preregistered-default", "samplers-headroom", "preregistered-headroom-pilot",
+          "domain-math", "domain-funcall", "domain-funcall-equal-tokens")
+PROXIES = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
+LEFT_OUT = {"pilot_commit"}  # trains as speed does at the shared screening size (studies/samplers-headroom/)
+RESAMPLES = 4000
+
+
+def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall's tau-b of two equally long vectors (ties counted as neither; nan when one side is all ties)."""
+    i, j = np.triu_indices(len(x), k=1)
+    sx, sy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    denominator = np.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy))
+    return float(np.sum(sx * sy) / denominator) if denominator else float("nan")
+
+
+def table_values(report: dict, proxy: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(methods, held-out (M, S), proxy (M, S)): per-seed differences from the baseline, the baseline a row of 0."""
+    rows = {m: r for m, r in report["methods"].items() if m != report["baseline"] and m not in LEFT_OUT}
+    methods = [report["baseline"], *rows]
+    seeds = len(next(iter(rows.values()))["diff_at_equal_tokens"]["per_seed"])
+    held = np.zeros((len(methods), seeds))
+    signal = np.zeros((len(methods), seeds))
+    for k, m in enumerate(methods[1:], start=1):
+        held[k] = rows[m]["diff_at_equal_tokens"]["per_seed"]
+        signal[k] = rows[m]["signal_vs_baseline"][proxy]["per_seed"]
+    return methods, held, signal
+
+
+def ranks(held: np.ndarray, signal: np.ndarray, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    order = kendall_tau_b(signal.mean(axis=1), held.mean(axis=1))
+    draws = rng.integers(held.shape[1], size=(RESAMPLES, held.shape[1]))
+    boot = np.array([kendall_tau_b(signal[:, d].mean(axis=1), held[:, d].mean(axis=1)) for d in draws])
+    boot = boot[np.isfinite(boot)]
+    per_seed = seed_mean([kendall_tau_b(signal[:, s], held[:, s]) for s in range(held.shape[1])])
+    return {"order": order, "order_lo": float(np.quantile(boot, 0.025)), "order_hi": float(np.quantile(boot, 0.975)),
+            "per_seed": per_seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the table here as well")
+    args = parser.parse_args(argv)
+    lines = ["| table | methods, by mean held-out difference from `grpo` | seeds | proxy | its order | tau-b of the "
+             "methods' order [95% bootstrap over seeds] | mean tau-b per seed [95% t] |", "|---|---|---|---|---|---|---|"]
+    for name in TABLES:
+        report = json.loads((STUDIES / name / "compare.json").read_text())
+        for proxy in PROXIES:
+            methods, held, signal = table_values(report, proxy)
+            r = ranks(held, signal)
+            by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
+            by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]
+            p = r["per_seed"]
+            lines.append(f"| `{name}` | {' > '.join(by_held)} | {held.shape[1]} | {proxy} | {' > '.join(by_proxy)} | "
+                         f"{r['order']:+.2f} [{r['order_lo']:+.2f}, {r['order_hi']:+.2f}] | "
+                         f"{p.mean:+.2f} [{p.lo:+.2f}, {p.hi:+.2f}] |")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
