@@ -88,9 +88,22 @@ def test_intermediate_nodes_skip_mixed_when_asked():
     tree.add_child(a, Segment.text_only("y", "", 1, 0), reward=0.0)
     b = tree.add_child(0, Segment.text_only("b", "o", 1, 1))
     tree.add_child(b, Segment.text_only("z", "", 1, 0), reward=1.0)
-    assert intermediate_nodes(tree, unmixed_only=False)[0] == [a, b]
-    ids, outcome = intermediate_nodes(tree, unmixed_only=True)
-    assert ids == [b] and outcome.tolist() == [1]
+    c = tree.add_child(0, Segment.text_only("c", "o", 1, 1))
+    tree.add_child(c, Segment.text_only("w", "", 1, 0), reward=0.0)
+    assert intermediate_nodes(tree, "all")[0] == [a, b, c]
+    ids, outcome = intermediate_nodes(tree, "unmixed")
+    assert ids == [b, c] and outcome.tolist() == [1, 0]
+    assert intermediate_nodes(tree, "failed")[0] == [c]
+
+
+def test_trace_failed_branches_only_from_prefixes_whose_rollouts_all_failed():
+    grown, _ = one_step("trace-failed", AllocationConfig(num_prompts=8, rollouts_per_prompt=4, expand_rounds=1))
+    anchors = [(tree, node) for tree in grown.trees for node in tree.nodes[1:] if node.num_granted]
+    assert anchors, "stage 2 branched somewhere"
+    for tree, node in anchors:  # with one stage-2 round, the rollouts below an anchor before it are the bare ones
+        before = [tree.nodes[leaf].reward for leaf in tree.leaves_below(node.node_id)
+                  if tree.nodes[leaf].origin == "bare"]
+        assert before and max(before) <= 0.5, "an anchor of trace-failed had a successful rollout below it"
 
 
 def test_root_policies():

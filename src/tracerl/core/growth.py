@@ -71,14 +71,15 @@ class RootPlan:
     value: float  # sum_i V(p_i, counts_i) under config.root_value
 
 
-def intermediate_nodes(tree: Tree, unmixed_only: bool) -> tuple[list[int], np.ndarray]:
-    """Stage-2 candidates: non-root, non-leaf nodes; with `unmixed_only`, only those whose leaves agree.
+def intermediate_nodes(tree: Tree, which: str = "unmixed") -> tuple[list[int], np.ndarray]:
+    """Stage-2 candidates: non-root, non-leaf nodes with leaves below them; `which` (a method's `prefix_candidates`):
+    "all" of them, "unmixed" (their leaves agree) or "failed" (their leaves agree, and all failed).
 
     Returns node ids and the shared outcome of each candidate's leaves (1 if Vhat > 0.5)."""
     backup = tree.backup()
     mixed = tree.mixed(backup)
-    ids = [n.node_id for n in tree.nodes[1:]
-           if not n.is_leaf and backup.num_leaves[n.node_id] > 0 and not (unmixed_only and mixed[n.node_id])]
+    ids = [n.node_id for n in tree.nodes[1:] if not n.is_leaf and backup.num_leaves[n.node_id] > 0
+           and not (which != "all" and mixed[n.node_id]) and not (which == "failed" and backup.vhat[n.node_id] > 0.5)]
     outcome = (backup.vhat[ids] > 0.5).astype(np.int64) if ids else np.zeros(0, dtype=np.int64)
     return ids, outcome
 
@@ -245,7 +246,7 @@ def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence
     for round_index in range(config.expand_rounds):
         rounds_left = config.expand_rounds - round_index
         t0 = time.perf_counter()
-        cands = [intermediate_nodes(t, unmixed_only=method.prefix_candidates == "unmixed") for t in trees]
+        cands = [intermediate_nodes(t, method.prefix_candidates) for t in trees]
         histories = [t.history(i) for t, (ids, _) in zip(trees, cands) for i in ids]
         cost_all = np.concatenate([prices.continuation(t, ids) for t, (ids, _) in zip(trees, cands)] or [[]])
         t1 = time.perf_counter()

@@ -226,7 +226,7 @@ class MethodPreset:
     prefix_policy: str | None  # key of PREFIX_POLICIES, None = no stage 2
     advantage: str  # key of tracerl.core.advantages.ADVANTAGES
     predictor: str  # "learned", "oracle" (true p, simulator only) or "none"
-    prefix_candidates: str = "unmixed"  # "unmixed": nodes whose leaves agree; "all": every visited prefix
+    prefix_candidates: str = "unmixed"  # "unmixed": nodes whose leaves agree; "failed": those whose leaves all failed; "all": every visited prefix
     description: str = ""
     source: str = ""  # the paper or code it follows
 
@@ -250,6 +250,9 @@ METHODS: dict[str, MethodPreset] = {m.name: m for m in [
                  description="uniform n, then fixed-width branches at random visited prefixes"),
     MethodPreset("trace", "knapsack", "predictor", "trace", "learned",
                  description="knapsack over the pool, then predictor-guided prefix expansion"),
+    MethodPreset("trace-failed", "knapsack", "predictor", "trace", "learned", prefix_candidates="failed",
+                 source="ours: continuations from failed anchors only (docs/allocation.md)",
+                 description="trace, its stage 2 branching only from prefixes whose rollouts all failed"),
     MethodPreset("trace-root-only", "knapsack", None, "trace", "learned",
                  description="ablation: stage 1 only, the whole budget on fresh rollouts"),
     MethodPreset("trace-prefix-only", "uniform", "predictor", "trace", "learned",
