@@ -30,7 +30,8 @@ def walk(curve, steps_ladder):
 
 def test_the_ladder_doubles_up_to_the_largest_step_count():
     assert ladder(250, 8000) == [250, 500, 1000, 2000, 4000, 8000]
-    assert ladder(250, 7999) == [250, 500, 1000, 2000, 4000]
+    assert ladder(250, 7999) == [250, 500, 1000, 2000, 4000, 7999]
+    assert ladder(250, 3000) == [250, 500, 1000, 2000, 3000]  # the largest count asked for is built
     assert ladder(100, 100) == [100]
     with pytest.raises(ValueError, match="--min-steps"):
         ladder(500, 250)

@@ -8,7 +8,7 @@ between. It is read on training questions only (RL's own split, drawn with the s
 stays for the run's evaluation. docs/tasks.md ("A warm start that finds its regime") gives the measurements behind
 the target and the floor.
 
-The search walks a doubling ladder of `sft_steps` (min_steps, 2 min_steps, ... up to max_steps), each candidate a
+The search walks a doubling ladder of `sft_steps` (min_steps, 2 min_steps, ..., then max_steps), each candidate a
 complete build cached under its own key (so the chosen one is exactly what `tracerl train` with that `sft_steps`
 loads), and stops going up once mean success has reached one half and the mixed share has fallen below the best so
 far (past the peak). It then tries the geometric midpoint between the best candidate and each neighbour it tried,
@@ -43,10 +43,12 @@ MIXED_FLOOR = 0.25
 
 
 def ladder(min_steps: int, max_steps: int) -> list[int]:
-    """min_steps, 2 min_steps, 4 min_steps, ... up to max_steps (inclusive)."""
+    """min_steps, 2 min_steps, 4 min_steps, ... below max_steps, then max_steps itself: the largest count asked for
+    is always a rung (with --max-steps 3000 the search builds 3000, not only 2000)."""
     if not 1 <= min_steps <= max_steps:
         raise ValueError(f"the warm-start search needs 1 <= --min-steps <= --max-steps (got {min_steps}, {max_steps})")
-    return [min_steps * 2 ** k for k in range(int(math.log2(max_steps / min_steps)) + 1)]
+    steps = [min_steps * 2 ** k for k in range(int(math.log2(max_steps / min_steps)) + 1)]
+    return steps if steps[-1] == max_steps else [*steps, max_steps]
 
 
 def _best(readings: dict[int, dict[str, float]]) -> int:
