@@ -9,8 +9,10 @@
 A long comparison (`studies/preregistered.sh`: 41 seeds x 3 methods) outlives the machine it starts on. `save`
 copies, for every seed whose runs of all `--methods` are finished (their last step trained and evaluated, at the
 stop their config set: `run.num_steps` or `run.total_token_budget`), what `tracerl compare --report-only` reads of
-each run: `metrics.jsonl`, `config.json`, `provenance.json` (starting weights, torch, machine) and the first step's
-trees (the regime of the first batches); not the checkpoints or later trees. A seed is kept whole or not at all, so
+each run: `metrics.jsonl`, `config.json`, `provenance.json` (starting weights, torch, machine), the first step's
+trees (the regime of the first batches) and, where the trainer wrote them, every step's rollout records
+(`rollouts/`, a few kB a step: what the stage-2 and grant tables read, `tracerl.core.tally`); not the checkpoints or
+later trees. A seed is kept whole or not at all, so
 its three runs trained on one machine; `saved_on.json` beside each run names the machine that saved it (CPU model
 and a hash of its flags). With the first seed it also keeps the build the runs started from (`--policy`, else the
 local build their `provenance.json` names; the embedded policy's cache folder, about 2 MB), so a later machine
@@ -60,6 +62,7 @@ from tracerl.io.files.runlog import finished_run, read_metrics
 from tracerl.report.compare import seed_spans
 
 KEPT = ("metrics.jsonl", "config.json", "provenance.json", "trees/step-000001.json.gz")
+ROLLOUTS = "rollouts/step-*.json"  # every step's rollouts in columns, where the run's trainer wrote them
 RUN_NAME = re.compile(r"^(?P<label>.+)-seed(?P<seed>\d+)$")
 POLICY = "policy"
 ARCHIVE = ".tar.xz"
@@ -239,7 +242,7 @@ def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> 
             target = records / run_dir.name
             tmp = records / f".{run_dir.name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            for name in KEPT:
+            for name in [*KEPT, *(p.relative_to(run_dir).as_posix() for p in sorted(run_dir.glob(ROLLOUTS)))]:
                 if (run_dir / name).exists():
                     (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(run_dir / name, tmp / name)

@@ -13,7 +13,7 @@ import torch
 
 from helpers import trainer_for
 from tracerl.core.tree import Tree
-from tracerl.io.files.runlog import read_metrics, read_trees
+from tracerl.io.files.runlog import read_metrics, read_rollouts, read_trees
 from tracerl.train.config import load_config
 from tracerl.train.trainer import run_training
 
@@ -61,6 +61,15 @@ def test_a_mixed_step_changes_the_policy(tiny_overrides, tmp_path, capsys):
     assert saved["step"] == 3 and len(saved["pool"]) == config.allocation.pool_size
     assert sum(p["granted"] > 0 for p in saved["pool"]) == len(saved["trees"]) == rows[-1]["alloc/num_prompts"]
     assert sum(len(Tree.from_dict(t).leaves()) for t in saved["trees"]) == rows[-1]["rollout/num_rollouts"]
+    from tracerl.report.stage2 import read_run as read_stage2
+
+    records = read_rollouts(config.out_dir())  # every step's rollouts, the stage-2 tables' record without the trees
+    assert sorted(records) == [1, 2, 3]
+    assert len(records[3]["grant"]) == rows[-1]["rollout/num_rollouts"]
+    from_trees = read_stage2(config.out_dir())["rollouts"]
+    for step in (1, 2):
+        (config.out_dir() / "trees" / f"step-{step:06d}.json.gz").unlink()
+    assert read_stage2(config.out_dir())["rollouts"] == from_trees, "the records give what the trees gave"
     # the report's budget split is the step ledger's, as logged, and it matches what the saved trees were granted
     from tracerl.report.run_report import read_run
 

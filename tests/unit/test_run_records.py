@@ -55,6 +55,23 @@ def test_a_finished_seed_is_kept_without_checkpoints_or_later_trees(module, tmp_
         module.save(runs, records, LABELS)
 
 
+def test_every_steps_rollout_records_are_kept_with_the_run(module, tmp_path):
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    for label in LABELS:
+        run = make_run(runs, label, 5)
+        (run / "rollouts").mkdir()
+        for step in range(1, 5):
+            (run / "rollouts" / f"step-00000{step}.json").write_text(json.dumps({"step": step, "rollouts": {}}))
+    assert module.save(runs, records, LABELS) == [5]
+    kept = records / "trace-seed5"
+    assert sorted(p.name for p in (kept / "rollouts").iterdir()) == [f"step-00000{s}.json" for s in range(1, 5)]
+    assert not (kept / "trees" / "step-000002.json.gz").exists()
+    restored = tmp_path / "back"
+    module.restore(records, restored)
+    assert (restored / "trace-seed5" / "rollouts" / "step-000004.json").read_text() == \
+        (runs / "trace-seed5" / "rollouts" / "step-000004.json").read_text()
+
+
 def test_a_seed_is_kept_whole_or_not_at_all(module, tmp_path):
     runs, records = tmp_path / "runs", tmp_path / "records"
     for label in LABELS:

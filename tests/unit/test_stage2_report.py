@@ -13,17 +13,8 @@ from tracerl.core.ledger import BudgetLedger
 from tracerl.core.metrics import raw_advantages, step_counts
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.files.runlog import write_trees
-from tracerl.report.stage2 import (
-    Tally,
-    across_seeds,
-    creator_leaves,
-    p_bin,
-    read_run,
-    rollouts,
-    seed_mean,
-    summarize_run,
-    write_report,
-)
+from tracerl.core.tally import Tally, creator_leaves, p_bin, rollouts, summarize_run
+from tracerl.report.stage2 import across_seeds, read_run, seed_mean, write_report
 
 
 def seg(policy_tokens: int) -> Segment:
@@ -227,3 +218,30 @@ def test_a_uniform_methods_run_is_read_with_its_fresh_rollouts_only(tmp_path):
     assert "| fresh | 1 | 0.500 | 0.500 | n/a | n/a | 8 | 4 | 8 | 4 | 16 | 8 | 0 |" in text
     assert "| 4 | 1 | 0.500 | 0.500 | n/a | n/a | 8 | 4 | 8 | 4 | 16 | 8 | 0 |" in text  # the grant table
     assert "| informative_sampled_tokens_per_token | 0 | n/a | n/a | n/a |" in text  # nothing to pair
+
+
+def test_a_run_whose_trees_are_not_kept_is_read_from_its_rollout_records(tmp_path):
+    """The trainer writes every step's rollouts in columns; with only step 1's trees kept (an archive), the report
+    reads those records and gives what the trees gave, table for table."""
+    from tracerl.core.ledger import make_prices
+    from tracerl.core.methods import AllocationConfig
+    from tracerl.core.tally import from_columns, to_columns
+    from tracerl.io.files.runlog import write_rollouts
+
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    for run in (full, kept):
+        write_run(run, 0.25, steps=(1, 2, 3))
+        prices = make_prices(AllocationConfig(continuation_cost=0.25)).ledger()
+        items = rollouts([two_round_tree(), mixed_tree(), all_fail_tree()], "trace", AdvantageConfig(min_leaves=2),
+                         prices)
+        assert from_columns(json.loads(json.dumps(to_columns(items)))) == items  # exact through JSON
+        for step in (1, 2, 3):
+            write_rollouts(run, step, to_columns(rollouts([mixed_tree(), all_fail_tree()], "trace",
+                                                          AdvantageConfig(min_leaves=2), prices)))
+    for step in (2, 3):
+        (kept / "trees" / f"step-{step:06d}.json.gz").unlink()
+    a, b = read_run(full), read_run(kept)
+    assert a["num_steps"] == b["num_steps"] == 3 and a["rollouts"] == b["rollouts"]
+    assert write_report([full]).replace("full", "kept") == write_report([kept])
+    with pytest.raises(ValueError, match="not written by to_columns"):
+        from_columns({"continuation": []})

@@ -39,171 +39,28 @@ Reading it: with a group baseline, whether a rollout is informative is mostly a 
 makes nearly all its rollouts informative), so fresh rollouts and continuations of the same trees read alike per
 unit; the token measure (a continuation's suffix is shorter) and the depth and p breakdowns are where they differ.
 
-Deliberately not here: training, and any reading of `metrics.jsonl` (everything is recomputed from the trees).
+What a rollout is and how rollouts are tallied live in `tracerl.core.tally`, which the trainer also uses to write each
+step's rollouts (`rollouts/`), so a run whose trees are not kept is read from those records instead, the same way.
+
+Deliberately not here: training, and any reading of `metrics.jsonl` (everything is recomputed from the trees or the
+rollout records).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
-import numpy as np
-
-from tracerl.core.advantages import AdvantageConfig, compute_advantages
-from tracerl.core.ledger import BudgetLedger, make_prices
+from tracerl.core.advantages import AdvantageConfig
+from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, get_method
-from tracerl.core.metrics import raw_advantages
 from tracerl.core.stats import SeedMean, seed_mean
+from tracerl.core.tally import FLIP_MEASURES, MEASURES, TABLES, Rollout, Tally, from_columns, rollouts, summarize_run
 from tracerl.core.tree import Tree
 from tracerl.io.files.config import from_dict, load_file
-from tracerl.io.files.runlog import TREES_DIR, read_trees
-
-P_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # bins of the predicted p at the anchor: [0, 0.2), ..., [0.8, 1.0]
-MEASURES = ("informative_units_per_unit", "informative_sampled_tokens_per_token")
-FLIP_MEASURES = ("flip_rate", "predicted_flip_rate")  # continuations only
-TABLES = ("origin", "depth", "p", "outcome", "grant")
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One leaf's rollout: where it started, what it cost, and whether it carries signal."""
-
-    continuation: bool  # anchored below the root (stage 2)
-    anchor_depth: int  # turns in the anchor's prefix (0 for a fresh rollout)
-    p_anchor: float | None  # the predictor's success probability at the anchor; None where none was recorded
-    units: float  # budget units (BudgetLedger.rollout_price)
-    sampled_tokens: int  # policy tokens sampled below the anchor (BudgetLedger.rollout_price)
-    informative: bool  # non-zero advantage before batch-level whitening
-    anchor_outcome: int | None = None  # continuations: the outcome (0/1) of the rollout that created the anchor
-    flipped: bool | None = None  # continuations: its outcome differs from anchor_outcome
-    grant: int = 0  # fresh rollouts in its tree (stage 1's m for trace; the group size for a uniform method)
-
-    @property
-    def p_flip(self) -> float | None:
-        """Stage 2's predicted probability that this continuation flips the anchor's outcome (None without p)."""
-        if self.anchor_outcome is None or self.p_anchor is None:
-            return None
-        return 1.0 - self.p_anchor if self.anchor_outcome else self.p_anchor
-
-
-@dataclass
-class Tally:
-    """Counts of a group of rollouts; its ratios are ratios of these sums."""
-
-    num_rollouts: int = 0
-    num_informative: int = 0
-    units: float = 0.0
-    informative_units: float = 0.0
-    sampled_tokens: int = 0
-    informative_sampled_tokens: int = 0
-    num_judged: int = 0  # continuations whose anchor outcome is known
-    num_flipped: int = 0
-    num_predicted: int = 0  # continuations with a predicted flip probability
-    predicted_flips: float = 0.0  # sum of those probabilities
-
-    def add(self, r: Rollout) -> None:
-        self.num_rollouts += 1
-        if r.flipped is not None:
-            self.num_judged += 1
-            self.num_flipped += int(r.flipped)
-        if r.p_flip is not None:
-            self.num_predicted += 1
-            self.predicted_flips += r.p_flip
-        self.units += r.units
-        self.sampled_tokens += r.sampled_tokens
-        if r.informative:
-            self.num_informative += 1
-            self.informative_units += r.units
-            self.informative_sampled_tokens += r.sampled_tokens
-
-    def ratios(self) -> dict[str, float]:
-        """The MEASURES and FLIP_MEASURES (nan for an empty group)."""
-        return {"informative_units_per_unit": _div(self.informative_units, self.units),
-                "informative_sampled_tokens_per_token": _div(self.informative_sampled_tokens, self.sampled_tokens),
-                "flip_rate": _div(self.num_flipped, self.num_judged),
-                "predicted_flip_rate": _div(self.predicted_flips, self.num_predicted)}
-
-
-def _div(a: float, b: float) -> float:
-    return float(a) / float(b) if b else float("nan")
-
-
-def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, prices: BudgetLedger,
-             atol: float = 1e-12) -> list[Rollout]:
-    """Every leaf of one step's `trees` as a `Rollout`, priced by `prices` (a ledger of the run's prices). Advantages are the step metrics' own: `compute_advantages`
-    of the run's estimator, then `raw_advantages` (its form before batch whitening); a rollout is informative when
-    any of its segments' values exceeds `atol` in size (`tracerl.core.metrics.step_counts`' test)."""
-    advantages = compute_advantages(estimator, trees, config)
-    raw = raw_advantages(estimator, trees, advantages, config)
-    out = []
-    for tree, adv in zip(trees, raw):
-        creator = creator_leaves(tree)
-        grant = sum(1 for n in tree.nodes if n.is_leaf and n.anchor_id == 0)
-        for leaf, row in zip(adv.leaf_ids, adv.values):
-            anchor = tree.nodes[tree.nodes[leaf].anchor_id]
-            units, tokens = prices.rollout_price(tree, leaf)
-            r = flipped = None
-            if anchor.node_id != 0:
-                r = _outcome(tree.nodes[creator[anchor.node_id]].reward)
-                flipped = _outcome(tree.nodes[leaf].reward) != r
-            out.append(Rollout(anchor.node_id != 0, anchor.depth, anchor.p_pred, units, tokens,
-                               bool(np.any(np.abs(row) > atol)), r, flipped, grant))
-    return out
-
-
-def creator_leaves(tree: Tree) -> dict[int, int]:
-    """Node id -> the leaf of the rollout that sampled the node (every node strictly below a leaf's anchor on its
-    path). Rounds run one after another, so a candidate's leaves all agreed with this rollout when stage 2 chose it."""
-    creator: dict[int, int] = {}
-    for node in tree.nodes:
-        if node.is_leaf:
-            i = node.node_id
-            while i is not None and i != node.anchor_id:
-                creator[i] = node.node_id
-                i = tree.nodes[i].parent_id
-    return creator
-
-
-def _outcome(reward: float | None) -> int:
-    """A leaf's binary outcome as stage 2 reads it (`growth.intermediate_nodes`: 1 above 0.5)."""
-    return int(reward is not None and reward > 0.5)
-
-
-def p_bin(p: float | None, edges: Sequence[float] = P_EDGES) -> str:
-    """The label of p's bin, "[lo, hi)" (the last bin closed), or "none"."""
-    if p is None:
-        return "none"
-    j = min(max(int(np.searchsorted(edges, p, side="right")) - 1, 0), len(edges) - 2)
-    close = "]" if j == len(edges) - 2 else ")"
-    return f"[{edges[j]:.1f}, {edges[j + 1]:.1f}{close}"
-
-
-def tally(items: Sequence[Rollout], key: Callable[[Rollout], Hashable | None]) -> dict[Hashable, Tally]:
-    """Rollouts grouped by `key` (None leaves a rollout out), each group tallied."""
-    groups: dict[Hashable, Tally] = defaultdict(Tally)
-    for r in items:
-        k = key(r)
-        if k is not None:
-            groups[k].add(r)
-    return dict(groups)
-
-
-def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) -> dict[str, dict[Hashable, Tally]]:
-    """A run's rollouts (every step pooled) tallied by origin; its continuations by anchor depth, by p bin and by the
-    anchor's outcome; its fresh rollouts by their prompt's grant."""
-    return {
-        "origin": tally(items, lambda r: "continuation" if r.continuation else "fresh"),
-        "depth": tally(items, lambda r: r.anchor_depth if r.continuation else None),
-        "p": tally(items, lambda r: p_bin(r.p_anchor, edges) if r.continuation else None),
-        "outcome": tally(items, lambda r: ("failed", "succeeded")[r.anchor_outcome]
-                         if r.continuation and r.anchor_outcome is not None else None),
-        "grant": tally(items, lambda r: None if r.continuation else r.grant),
-    }
-
+from tracerl.io.files.runlog import TREES_DIR, read_rollouts, read_trees
 
 def across_seeds(runs: Sequence[dict[str, dict[Hashable, Tally]]]) -> dict[str, Any]:
     """Per table and group: the seed mean of each measure and the counts summed over seeds; and, per measure, the
@@ -232,8 +89,9 @@ def _ordered(table: str, keys) -> list:
 
 # ---------------------------------------------------------------------------------------------- run directories
 def read_run(run_dir: str | Path) -> dict[str, Any]:
-    """A run directory's rollouts, every saved step pooled, priced and judged with the run's own config (any method
-    with saved trees)."""
+    """A run directory's rollouts, every step pooled, priced and judged with the run's own config (any method): from
+    its saved trees when it kept every step's, else from the rollout records the trainer writes every step
+    (`rollouts/`, `tracerl.core.tally.to_columns`: the same rollouts, field for field)."""
     run_dir = Path(run_dir)
     config = load_file(run_dir / "config.json")
     estimator = get_method(config["method"]).advantage
@@ -241,12 +99,19 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     allocation = from_dict(AllocationConfig, config.get("allocation", {}), where="allocation")
     prices = make_prices(allocation).ledger()
     steps = sorted(int(p.name[5:11]) for p in (run_dir / TREES_DIR).glob("step-*.json.gz"))
-    if not steps:
-        raise ValueError(f"{run_dir} has no saved trees; train with run.save_trees=true")
+    records = read_rollouts(run_dir)
     items: list[Rollout] = []
-    for step in steps:
-        trees = [Tree.from_dict(t) for t in read_trees(run_dir, step)["trees"]]
-        items += rollouts(trees, estimator, adv_config, prices)
+    if records and set(steps) < set(records):  # the trees of some steps are not kept: read the records
+        steps = sorted(records)
+        for step in steps:
+            items += from_columns(records[step])
+    elif steps:
+        for step in steps:
+            trees = [Tree.from_dict(t) for t in read_trees(run_dir, step)["trees"]]
+            items += rollouts(trees, estimator, adv_config, prices)
+    else:
+        raise ValueError(f"{run_dir} has no saved trees and no rollout records; train with run.save_trees=true "
+                         "or a tracerl that writes rollouts/")
     return {"name": run_dir.name, "method": config["method"], "estimator": estimator,
             "continuation_cost": prices.rollout_cost(continuation=True), "num_steps": len(steps), "rollouts": items}
 

@@ -38,7 +38,9 @@ import numpy as np
 import torch
 
 from tracerl.core.advantages import TreeAdvantages
+from tracerl.core.ledger import make_prices
 from tracerl.core.methods import get_method
+from tracerl.core.tally import rollouts, to_columns
 from tracerl.core.predictor import make_predictor
 from tracerl.core.step import Sampler, StepResult
 from tracerl.core.tree import Tree
@@ -46,7 +48,7 @@ from tracerl.engines import make_engine, torch_threads
 from tracerl.executors import make_runner
 from tracerl.io.files.boundary import listing
 from tracerl.io.files.run_folder import replacing, run_path
-from tracerl.io.files.runlog import METRICS_FILE, RunLog, run_lock, write_trees
+from tracerl.io.files.runlog import METRICS_FILE, RunLog, run_lock, write_rollouts, write_trees
 from tracerl.io.rollout.driver import ReActDriver, check_prompt_lengths
 from tracerl.io.rollout.engine import SamplingParams
 from tracerl.policy.embedded import run_provenance, write_provenance
@@ -167,6 +169,8 @@ class Trainer:
                 "pool": [{"prompt_id": h.prompt_id, "p": float(p) if self.uses_predictor else None, "granted": int(m)}
                          for h, p, m in zip(step.pool, grown.p_pool, grown.root_counts)],
                 "trees": [tree.to_dict() for tree in trees]})
+        write_rollouts(self.out, self.step + 1, to_columns(rollouts(  # a few kB: the stage-2 tables without trees
+            trees, self.method.advantage, cfg.advantages, make_prices(cfg.allocation).ledger())))
         metrics: dict[str, Any] = dict(step.metrics)
         # 2. the policy update
         t0 = time.perf_counter()

@@ -8,7 +8,9 @@ as null (JSON has neither).
 
 With `run.save_trees`, each step's pool and trees go to `trees/step-NNNNNN.json.gz` (`write_trees`): for every
 pool prompt its id, predicted p and stage-1 grant (0 = filtered out), and every grown tree in `Tree.to_dict` form
-(token ids, logprobs, masks, text, rewards, each node's p_pred, expand_reason and num_granted).
+(token ids, logprobs, masks, text, rewards, each node's p_pred, expand_reason and num_granted). Every step, trees
+kept or not, its rollouts go to `rollouts/step-NNNNNN.json` in columns (`write_rollouts`; `tracerl.core.tally`): a
+few kB that the stage-2 and grant tables read when the trees are not kept.
 
 One process trains a run directory at a time: `run_lock(run_dir)` holds an exclusive lock on `<run>/.lock` while a
 run trains, and a second process that asks for it gets `RunInUse` naming the holder, so two resumed copies of one
@@ -41,6 +43,7 @@ from tracerl.io.files.run_folder import open_append, replacing, run_path, write_
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run; it holds that process's pid
 TREES_DIR = "trees"  # <run>/trees/step-000012.json.gz: one step's pool and trees (see write_trees)
+ROLLOUTS_DIR = "rollouts"  # <run>/rollouts/step-000012.json: one step's rollouts in columns (see write_rollouts)
 
 
 def reached_stop(num_steps: int, total_token_budget: int, step: int, cum_tokens: float) -> bool:
@@ -160,6 +163,28 @@ def read_trees(run_dir: str | Path, step: int | None = None) -> dict[str, Any]:
         raise ValueError(f"{run_dir} has no trees for step {step}; steps with trees: {steps}")
     with gzip.open(run_path(directory, f"step-{step:06d}.json.gz"), "rt", encoding="utf-8") as f:
         return json.load(f)
+
+
+def write_rollouts(run_dir: str | Path, step: int, columns: dict[str, list]) -> Path:
+    """One step's rollouts as `tracerl.core.tally.to_columns` gives them, compact JSON, written then renamed (a
+    resumed run that trains the step again replaces it)."""
+    path = run_path(run_dir, ROLLOUTS_DIR, f"step-{step:06d}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, fsync=False) as f:
+        f.write(json.dumps({"step": step, "rollouts": columns}, separators=(",", ":")).encode())
+    return path
+
+
+def read_rollouts(run_dir: str | Path) -> dict[int, dict[str, list]]:
+    """Every step's rollout columns `write_rollouts` wrote, by step (empty when the run has none)."""
+    directory = run_path(run_dir, ROLLOUTS_DIR)
+    if not directory.is_dir():
+        return {}
+    out = {}
+    for path in sorted(directory.glob("step-*.json")):
+        path = run_path(directory, path.name)
+        out[int(path.name[5:11])] = json.loads(decode_utf8(path.read_bytes(), str(path)))["rollouts"]
+    return out
 
 
 class RunInUse(RuntimeError):
