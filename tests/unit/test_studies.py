@@ -14,7 +14,8 @@
   finished seeds their READMEs list, all from the one build kept with them, saved on the machine they name. No
   success figure of theirs is computed: the plan reads them once complete.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes.
-- The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`.
+- The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
+  (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
   per-seed values (`restate_reports.py --check`).
 
@@ -140,6 +141,15 @@ def test_the_proxy_ranks_come_back_from_the_reports(tmp_path, capsys):
     assert load_study_script("proxy_ranks").main(["--out", str(tmp_path / "ranks.md")]) == 0
     capsys.readouterr()
     assert (tmp_path / "ranks.md").read_text() == (STUDIES / "proxy-ranks" / "ranks.md").read_text()
+
+
+def test_the_posterior_screen_comes_back_from_its_builds_reports(tmp_path, capsys):
+    """studies/posterior-screen/screen.md is what posterior_screen.py reads from the five builds' kept reports."""
+    folder = STUDIES / "posterior-screen"
+    assert load_study_script("posterior_screen").main([str(folder), "--out", str(tmp_path / "screen.md")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "screen.md").read_text() == (folder / "screen.md").read_text()
+    assert sorted(p.name for p in folder.glob("build*")) == [f"build{k}" for k in range(5)]
 
 
 @pytest.mark.parametrize("name", sorted(PLANNED_SEEDS))
