@@ -15,8 +15,9 @@ Per-seed readings with a bootstrap (`seed_bootstrap`): the cost a method needs t
 success, and its share of the baseline's cost, are read on each seed's own curves and only then pooled; a share read
 off the seed-mean curve depends on where its few evaluation points fall. The interval resamples seeds, the top level
 of the design: each seed's value already carries its own evaluation noise, so its spread over seeds holds the
-training and the evaluation noise once each (with one seed it resamples that seed's questions instead). Tokens-to-threshold reads a nondecreasing fit of the
-curve (`isotonic`), so one noisy evaluation above the threshold does not count as reaching it.
+training and the evaluation noise once each (with one seed it resamples that seed's questions instead), read at
+expanded percentiles so that few seeds do not make it too narrow. Tokens-to-threshold reads a nondecreasing fit of
+the curve (`isotonic`), so one noisy evaluation above the threshold does not count as reaching it.
 
 Secondary comparisons are corrected with Holm's step-down procedure (`holm`) within a table, on the two-sided p-values
 of the paired t-test over seeds (`paired_t_pvalue`).
