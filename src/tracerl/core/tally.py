@@ -99,9 +99,10 @@ def _div(a: float, b: float) -> float:
 
 def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, prices: BudgetLedger,
              atol: float = 1e-12) -> list[Rollout]:
-    """Every leaf of one step's `trees` as a `Rollout`, priced by `prices` (a ledger of the run's prices). Advantages are the step metrics' own: `compute_advantages`
-    of the run's estimator, then `raw_advantages` (its form before batch whitening); a rollout is informative when
-    any of its segments' values exceeds `atol` in size (`tracerl.core.metrics.step_counts`' test)."""
+    """Every leaf of one step's `trees` as a `Rollout`, priced by `prices` (a ledger of the run's prices). Advantages
+    are the step metrics' own: `compute_advantages` of the run's estimator, then `raw_advantages` (its form before
+    batch whitening); a rollout is informative when any of its segments' values exceeds `atol` in size
+    (`tracerl.core.metrics.step_counts`' test)."""
     advantages = compute_advantages(estimator, trees, config)
     raw = raw_advantages(estimator, trees, advantages, config)
     out = []

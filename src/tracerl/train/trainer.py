@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from tracerl.core.advantages import TreeAdvantages
-from tracerl.core.ledger import make_prices
 from tracerl.core.methods import get_method
 from tracerl.core.tally import rollouts, to_columns
 from tracerl.core.predictor import make_predictor
@@ -170,7 +169,7 @@ class Trainer:
                          for h, p, m in zip(step.pool, grown.p_pool, grown.root_counts)],
                 "trees": [tree.to_dict() for tree in trees]})
         write_rollouts(self.out, self.step + 1, to_columns(rollouts(  # a few kB: the stage-2 tables without trees
-            trees, self.method.advantage, cfg.advantages, make_prices(cfg.allocation).ledger())))
+            trees, self.method.advantage, cfg.advantages, ledger)))  # priced by the step's own ledger
         metrics: dict[str, Any] = dict(step.metrics)
         # 2. the policy update
         t0 = time.perf_counter()
