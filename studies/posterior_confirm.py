@@ -1,0 +1,137 @@
+"""Read the confirmatory table of `posterior` (studies/preregistration.md, its last section) over builds.
+
+    python studies/posterior_confirm.py runs/posterior-confirm [--out studies/posterior-confirm/primary.md]
+
+Each `build<k>/compare.json` (`tracerl compare --baseline pcl`, one seed) gives every method minus `pcl` at `pcl`'s
+final sampled tokens, with its standard error over the 512 questions; a method minus `knapsack_rl` is the
+difference of two of them. The unit is the build: each build gives one difference per question, and its interval
+is Student's t over builds. The rule, as registered:
+
+- Primaries, Holm over the two: `posterior` - `pcl` and `posterior` - `knapsack_rl`. Each is *established* when its
+  Holm-adjusted p (paired t over builds) is at most 0.05 and its mean is above zero, which is the same as its interval
+  at Holm's level excluding zero on the positive side; *refuted* when its 95% interval lies below +0.5 points;
+  *unresolved* otherwise. (Established against `posterior`, a mean below zero, reads "established, against".)
+- Secondary: `trace` - `pcl` on the same builds, by the same rule (alone in its family, so unadjusted).
+- A reading over fewer builds than planned (24) is an interim look that decides nothing.
+
+Also stated, not tested: each build's weights hash, the paired question noise of each difference beside the spread
+over builds (the design sized the evaluation so the first is at most about half the second), and each method's
+sampled tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tracerl.core.stats import holm, seed_mean
+
+PLANNED_BUILDS = 24
+SMALLEST_GAIN = 0.5  # points: a gain below this is not worth a new sampler (the plan's refutation bound)
+PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))
+SECONDARY = (("trace", "pcl"),)
+NEEDED = ("pcl", "knapsack_rl", "posterior", "trace")
+
+
+def per_build(report: dict) -> dict:
+    """One build's differences from `pcl` (points) with their paired standard errors over questions, its weights
+    hash, its success at the start and each method's final success and sampled tokens."""
+    methods = report["methods"]
+    return {"weights": (report.get("weights") or {}).get("weights_sha256", "")[:12],
+            "start": 100 * methods["pcl"]["success_before"],
+            "diff": {m: 100 * r["diff_at_equal_tokens"]["mean"] for m, r in methods.items()},
+            "se": {m: 100 * (r["diff_at_equal_tokens"].get("se") or 0.0) for m, r in methods.items()},
+            "final": {m: 100 * r["success_after"] for m, r in methods.items()},
+            "tokens": {m: r["tokens"] for m, r in methods.items()}}
+
+
+def read(root: Path) -> dict[int, dict]:
+    """Every build under `root` whose four methods all finished (a build still training is left out)."""
+    rows = {}
+    for folder in sorted(root.glob("build*"), key=lambda p: int(p.name[5:])):
+        report = folder / "compare.json"
+        summary = json.loads(report.read_text()) if report.exists() else None
+        if summary and all(m in summary["methods"] for m in NEEDED):
+            rows[int(folder.name[5:])] = per_build(summary)
+    return rows
+
+
+def difference(rows: dict[int, dict], method: str, comparator: str) -> tuple[list[float], list[float]]:
+    """Per build: `method` - `comparator` in points and its paired standard error over questions (for a
+    comparator other than `pcl` both differences are read against the same `pcl` run, so the errors add in
+    quadrature: an upper bound, as the two share `pcl`'s questions)."""
+    values, errors = [], []
+    for r in rows.values():
+        values.append(r["diff"][method] - r["diff"][comparator])
+        errors.append(r["se"][method] if comparator == "pcl" else math.hypot(r["se"][method], r["se"][comparator]))
+    return values, errors
+
+
+def verdict(mean: float, hi: float, p_adjusted: float) -> str:
+    if p_adjusted <= 0.05:
+        return "established" if mean > 0 else "established, against"
+    return "refuted" if hi < SMALLEST_GAIN else "unresolved"
+
+
+def read_family(rows: dict[int, dict], pairs: tuple[tuple[str, str], ...]) -> list[dict]:
+    """Each pair's mean over builds, 95% t interval, paired-t p, Holm-adjusted p within `pairs`, and verdict."""
+    found = []
+    for method, comparator in pairs:
+        values, errors = difference(rows, method, comparator)
+        est = seed_mean(values, test=True)
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        found.append({"pair": (method, comparator), "est": est, "sd": sd, "question_se": float(np.mean(errors))})
+    for item, p_adjusted in zip(found, holm([item["est"].p_value for item in found])):
+        item["p_holm"] = p_adjusted
+        item["verdict"] = verdict(item["est"].mean, item["est"].hi, p_adjusted)
+    return found
+
+
+def to_markdown(rows: dict[int, dict]) -> str:
+    interim = len(rows) < PLANNED_BUILDS
+    lines = [f"Builds read: {len(rows)} of the {PLANNED_BUILDS} planned ({', '.join(map(str, rows))})."
+             + (" **An interim look: it decides nothing.**" if interim else ""), "",
+             "| family | difference | mean [95% t over builds] | p (paired t) | Holm p | reading | sd over builds | "
+             "question SE (mean per build) |", "|---|---|---|---|---|---|---|---|"]
+    for family, pairs in (("primary", PRIMARIES), ("secondary", SECONDARY)):
+        for item in read_family(rows, pairs):
+            est, (m, c) = item["est"], item["pair"]
+            reading = "interim" if interim else item["verdict"]
+            lines.append(f"| {family} | `{m}` - `{c}` | {est.mean:+.2f} [{est.lo:+.2f}, {est.hi:+.2f}] | "
+                         f"{est.p_value:.3f} | {item['p_holm']:.3f} | {reading} | {item['sd']:.2f} | "
+                         f"{item['question_se']:.2f} |")
+    lines += ["", "Per build (points of held-out success; differences at `pcl`'s final sampled tokens, with their "
+              "paired standard error over questions):", "",
+              "| build | weights | start | method | final success | sampled tokens | minus `pcl` (SE) |",
+              "|---|---|---|---|---|---|---|"]
+    for k, r in rows.items():
+        for m in NEEDED:
+            lines.append(f"| {k} | `{r['weights']}` | {r['start']:.1f}% | `{m}` | {r['final'][m]:.1f}% | "
+                         f"{r['tokens'][m]:,.0f} | {r['diff'][m]:+.2f} ({r['se'][m]:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="the table's runs (runs/posterior-confirm)")
+    parser.add_argument("--out", type=Path, default=None, help="write the reading here as well")
+    args = parser.parse_args(argv)
+    rows = read(args.root)
+    if len(rows) < 2:
+        print(f"{len(rows)} build(s) under {args.root} have all of {', '.join(NEEDED)} finished; an interval over "
+              "builds needs two", file=sys.stderr)
+        return 1
+    text = to_markdown(rows)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

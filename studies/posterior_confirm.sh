@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The confirmatory table of `posterior` against `pcl` and `knapsack_rl` (studies/preregistration.md, its last section):
+# pcl, knapsack_rl, posterior and trace on new builds of the headroom testbed (policy.embedded.seed 5-28), one
+# training seed each, every run trained to 130,000 sampled tokens, 512 held-out questions x 8 coupled samples at
+# step 0, step 20 and the stop.
+#
+#   studies/posterior_confirm.sh [BUILDS] [tracerl compare arguments...]   (BUILDS: default "5 6 ... 28")
+#
+# Two lanes keep both cores busy, each building and then training its own builds one run at a time:
+#   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
+#   studies/posterior_confirm.sh "6 8 10 12 14 16 18 20 22 24 26 28" &
+# Resumable: finished runs are kept and a partial table continues when the same line runs again. Runs go to
+# runs/posterior-confirm/build<k>/; `python studies/posterior_confirm.py runs/posterior-confirm` reads them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+builds=${1:-"$(seq -s ' ' 5 28)"}
+shift $(( $# < 1 ? $# : 1 ))
+common=(--methods pcl,knapsack_rl,posterior,trace --seeds 0-0 --baseline pcl --config configs/trace-headroom.toml
+        --set run.num_steps=40 --set run.total_token_budget=130000 --set "run.eval_steps=[20]"
+        --set run.eval_prompts=512 --set run.eval_samples=8 --set run.eval_coupled=true
+        --set allocation.budget_unit=tokens --set allocation.token_budget=12800
+        --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
+for k in $builds; do
+  tracerl warmstart --config configs/trace-headroom.toml --set policy.embedded.seed="$k" --keep
+  tracerl compare --out "runs/posterior-confirm/build$k" "${common[@]}" --set policy.embedded.seed="$k" "$@"
+done
+echo "posterior_confirm: builds $builds in runs/posterior-confirm/"

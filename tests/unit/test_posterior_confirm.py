@@ -1,0 +1,84 @@
+"""studies/posterior_confirm.py: the registered reading of `posterior`'s confirmatory table, held to hand-computed
+tables of synthetic build reports (the real table's reports are not read here)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from helpers import load_study_script
+
+confirm = load_study_script("posterior_confirm")
+
+
+def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=("pcl", "knapsack_rl", "posterior",
+                                                                               "trace")) -> None:
+    """A build's compare.json as `tracerl compare --baseline pcl` writes it, with the given differences in points."""
+    folder = root / f"build{k}"
+    folder.mkdir(parents=True)
+    rows = {m: {"success_before": 0.6, "success_after": 0.65 + diffs.get(m, 0.0) / 100, "tokens": 130_000 + k,
+                "diff_at_equal_tokens": {"mean": diffs.get(m, 0.0) / 100, "se": 0.0 if m == "pcl" else se / 100}}
+            for m in methods}
+    (folder / "compare.json").write_text(json.dumps({"methods": rows, "weights": {"weights_sha256": f"{k:064x}"}}))
+
+
+def alternating(centre: float, swing: float, k: int) -> float:
+    return centre + (swing if k % 2 else -swing)
+
+
+@pytest.fixture
+def table(tmp_path):
+    """24 builds: `posterior` - `pcl` = 1.0 +- 0.2, `knapsack_rl` - `pcl` = 1.0 -+ 0.2 (so `posterior` -
+    `knapsack_rl` = +-0.4 about 0), `trace` - `pcl` = 0.5 +- 2.0; plus a build whose `trace` run has not finished."""
+    for k in range(5, 29):
+        write_build(tmp_path, k, {"posterior": alternating(1.0, 0.2, k), "knapsack_rl": alternating(1.0, -0.2, k),
+                                  "trace": alternating(0.5, 2.0, k)})
+    write_build(tmp_path, 29, {"posterior": 9.0, "knapsack_rl": 0.0}, methods=("pcl", "knapsack_rl", "posterior"))
+    return tmp_path
+
+
+def test_the_reading_holds_to_the_hand_computed_table(table):
+    rows = confirm.read(table)
+    assert sorted(rows) == list(range(5, 29))  # the unfinished build is left out
+    primary = {item["pair"]: item for item in confirm.read_family(rows, confirm.PRIMARIES)}
+    half = 2.069 / math.sqrt(24)  # t(23) at 97.5% over sqrt(n), times each sd below
+    sd_posterior_pcl = 0.2 * math.sqrt(24 / 23)
+    first = primary[("posterior", "pcl")]
+    assert first["est"].mean == pytest.approx(1.0)
+    assert first["est"].hi - first["est"].mean == pytest.approx(half * sd_posterior_pcl, rel=1e-3)
+    assert first["p_holm"] == pytest.approx(2 * first["est"].p_value) and first["verdict"] == "established"
+    second = primary[("posterior", "knapsack_rl")]
+    assert second["est"].mean == pytest.approx(0.0, abs=1e-12)
+    assert second["est"].hi == pytest.approx(half * 0.4 * math.sqrt(24 / 23), rel=1e-3)  # 0.17 < 0.5
+    assert second["p_holm"] == pytest.approx(1.0) and second["verdict"] == "refuted"
+    assert second["question_se"] == pytest.approx(math.hypot(0.5, 0.5))  # two differences read against one pcl
+    (trace,) = confirm.read_family(rows, confirm.SECONDARY)
+    assert (trace["est"].lo, trace["est"].hi) == pytest.approx((0.5 - half * 2.0 * math.sqrt(24 / 23),
+                                                                 0.5 + half * 2.0 * math.sqrt(24 / 23)), rel=1e-3)
+    assert trace["verdict"] == "unresolved" and trace["question_se"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("mean, hi, p, expected", [
+    (+0.8, +1.2, 0.049, "established"), (-0.8, -0.4, 0.01, "established, against"),
+    (+0.1, +0.49, 0.30, "refuted"), (+0.1, +0.50, 0.30, "unresolved"), (+0.8, +1.6, 0.051, "unresolved")])
+def test_the_verdict_follows_the_registered_rule(mean, hi, p, expected):
+    assert confirm.verdict(mean, hi, p) == expected
+
+
+def test_fewer_builds_than_planned_read_as_an_interim_look(table, tmp_path, capsys):
+    for k in range(5, 10):
+        (table / f"build{k}" / "compare.json").unlink()
+    out = tmp_path / "primary.md"
+    assert confirm.main([str(table), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "19 of the 24 planned" in text and "interim look" in text
+    assert "established" not in text and "refuted" not in text
+    assert capsys.readouterr().out == text
+
+
+def test_a_table_with_under_two_finished_builds_says_so(tmp_path, capsys):
+    write_build(tmp_path, 5, {"posterior": 1.0})
+    assert confirm.main([str(tmp_path)]) == 1
+    assert "needs two" in capsys.readouterr().err
