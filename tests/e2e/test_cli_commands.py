@@ -184,15 +184,15 @@ def test_compare(tiny_overrides, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_compare_runs_the_adaptive_samplers_end_to_end(tiny_overrides, tmp_path, capsys):
-    """The five samplers users switch on elsewhere train through `tracerl compare` on the tiny policy: every round
-    sampler's step spends the budget, keeps groups and logs its rounds."""
+    """The five samplers users switch on elsewhere, and our two round samplers, train through `tracerl compare` on
+    the tiny policy: every round sampler's step spends the budget, keeps groups and logs its rounds."""
     sets = [a for o in tiny_overrides for a in ("--set", o)]
-    methods = ["dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
+    methods = ["dapo", "reinforce_ada", "speed", "pilot_commit", "posterior", "posterior-tree", "knapsack_rl"]
     status, text, err = run(capsys, "compare", "--methods", ",".join(["grpo"] + methods), "--seeds", "1",
                             "--set", "run.num_steps=1", "--set", "run.eval_every=1", *sets, "--out", tmp_path / "cmp")
     assert status == 0, err
     assert all(f"| {m} |" in text for m in methods), text
-    for m in methods[:4]:
+    for m in methods[:-1]:
         rows = [json.loads(line) for line in (tmp_path / "cmp" / f"{m}-seed0" / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in rows if r["kind"] == "train"]
         assert train and train[0]["alloc/rounds"] >= 1 and train[0]["alloc/rollouts_sampled"] >= 1, (m, train)

@@ -208,7 +208,8 @@ def test_spend_from_trees_charges_fresh_rollouts_one_and_continuations_their_cos
 
 def test_round_samplers_are_refused_with_the_reason_and_knapsack_rl_runs():
     """The manager plans a step once before verl samples it: a sampler that decides in rounds cannot run there."""
-    for name in ("dapo", "reinforce_ada", "speed", "pilot_commit"):
+    for name in ("dapo", "reinforce_ada", "speed", "pilot_commit", "posterior", "posterior-tree"):
         with pytest.raises(ValueError, match="filter_groups"):
             TraceVerlConfig(AllocationConfig(), method=name)
-    assert TraceVerlConfig(AllocationConfig(), method="knapsack_rl").method == "knapsack_rl"
+    for name in ("knapsack_rl", "trace-failed"):
+        assert TraceVerlConfig(AllocationConfig(), method=name).method == name

@@ -26,7 +26,7 @@ from tracerl.core.allocation import root_value
 from tracerl.core.history import History
 from tracerl.core.ledger import BudgetLedger, Prices
 from tracerl.core.methods import PREFIX_POLICIES, ROOT_POLICIES, AllocationConfig, MethodPreset
-from tracerl.core.samplers import ROUND_SAMPLERS, Seen
+from tracerl.core.samplers import ROUND_SAMPLERS, Branches, Round, Seen
 from tracerl.core.tree import Tree
 
 PredictFn = Callable[[Sequence[History]], np.ndarray]
@@ -142,7 +142,7 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
     seconds["predict"] += t1 - t0
     if method.in_rounds:
         return grow_in_rounds(method, config, p_pool if uses_p else None, cost, runner, ledger, rng, seconds,
-                              size=len(pool))
+                              size=len(pool), predict=predict, prices=prices)
     plan = plan_roots(method, config, p_pool, ledger.budget_left, rng, prices, cost)
     root_counts = plan.counts
     seconds["allocate"] += time.perf_counter() - t1
@@ -169,37 +169,52 @@ def grow_trees(method: MethodPreset, config: AllocationConfig, pool: Sequence[Hi
 
 def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.ndarray | None, cost: np.ndarray | None,
                    runner: RolloutRunner, ledger: BudgetLedger, rng: np.random.Generator,
-                   seconds: dict[str, float], size: int) -> GrowthResult:
+                   seconds: dict[str, float], size: int, predict: PredictFn | None = None,
+                   prices: Prices | None = None) -> GrowthResult:
     """Stage 1 in rounds (`tracerl.core.samplers`): the method's round sampler grants each round's fresh rollouts from
     what the earlier rounds showed, until it grants none, `config.max_rounds` rounds have run or the ledger's token
     cap is reached; each round is charged before it is sampled (a sampler that overspends raises `BudgetExceeded`).
     A prompt's first rollouts start its tree (`run_roots`); its later rounds are more rollouts from the same root
-    (`run_continuations` from node 0), recorded as fresh rollouts. Then the sampler keeps each prompt's training
-    group (`GrowthResult.kept`); every sampled tree stays in `trees`, for the predictor, the prices and the record.
+    (`run_continuations` from node 0), recorded as fresh rollouts. A sampler that `branches` is also shown, each
+    round, the prefixes of trees not yet mixed (`offer_branches`: predicted with `predict`, priced by `prices`) and
+    may grant continuations from them, charged as stage 2's. Then the sampler keeps each prompt's training group
+    (`GrowthResult.kept`); every sampled tree stays in `trees`, for the predictor, the prices and the record.
     `p_pool` (None where the method reads none) and `cost` (None: 1 each) are over the `size` pool prompts."""
     sampler = ROUND_SAMPLERS[method.root_policy](config)
+    if sampler.branches and (predict is None or prices is None):
+        raise ValueError(f"round sampler {method.root_policy!r} branches from prefixes; pass predict and prices")
     unit_cost = np.ones(size) if cost is None else np.asarray(cost, dtype=float)
     seen = Seen(p=np.full(size, 0.5) if p_pool is None else np.asarray(p_pool, dtype=float), cost=unit_cost,
                 order=rng.permutation(size), budget=ledger.budget_left)
     tree_of: dict[int, Tree] = {}
     rounds: list[tuple[int, int]] = []
+    branch_stats = {"num_prefix_anchors": 0, "num_continuations": 0}
+    predicted: dict[tuple[int, int], float] = {}  # (pool index, node id) -> p: a prefix is predicted once a step
     for round_index in range(config.max_rounds):
         seen.round_index, seen.budget_left = round_index, ledger.budget_left
         t0 = time.perf_counter()
-        grants = np.asarray(sampler.grants(seen, rng), dtype=np.int64)
-        seconds["allocate"] += time.perf_counter() - t0
+        if sampler.branches:
+            seen.branches = offer_branches(method, tree_of, seen, predict, prices, predicted)
+        t1 = time.perf_counter()
+        granted = sampler.grants(seen, rng)
+        seconds["allocate"] += time.perf_counter() - t1
+        seconds["predict"] += t1 - t0
+        grants = np.asarray(granted.fresh if isinstance(granted, Round) else granted, dtype=np.int64)
+        branches = granted.branches if isinstance(granted, Round) else []
         if grants.shape != (size,) or np.any(grants < 0):
             raise ValueError(f"round sampler {method.root_policy!r} granted {grants.shape} counts, some negative; "
                              f"it must grant (P,) = ({size},) counts >= 0")
         price = float(np.sum(grants * unit_cost))
-        if not grants.any() or not ledger.can_afford(0.0):  # nothing granted, or the token cap is used up
+        if not (grants.any() or branches) or not ledger.can_afford(0.0):  # nothing granted, or the token cap is used up
             break
-        ledger.charge(ledger.rollout_units(grants.sum(), continuation=False), kind="root", cost=price)
+        if grants.any():
+            ledger.charge(ledger.rollout_units(grants.sum(), continuation=False), kind="root", cost=price)
+        requests = charge_branches(branches, tree_of, seen, ledger, method.root_policy) if branches else []
         new = [int(i) for i in np.flatnonzero(grants) if int(i) not in tree_of]
         more = [(tree_of[int(i)], 0, int(grants[i])) for i in np.flatnonzero(grants) if int(i) in tree_of]
         sizes = {id(tree): len(tree) for tree, _, _ in more}
         t0 = time.perf_counter()
-        tokens = 0
+        tokens = branch_tokens = 0
         if new:
             trees, num_tokens = runner.run_roots(new, grants[new].tolist())
             tree_of.update(zip(new, trees))
@@ -210,13 +225,21 @@ def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.nd
                 for node in tree.nodes[sizes[id(tree)]:]:
                     if node.anchor_id == 0:
                         node.origin = "bare"
+        if requests:
+            branch_tokens = runner.run_continuations(requests)
+            branch_stats["num_prefix_anchors"] += len(requests)
+            branch_stats["num_continuations"] += sum(k for _, _, k in requests)
         seconds["rollout"] += time.perf_counter() - t0
         ledger.charge_tokens(tokens, kind="root")
-        rounds.append((int(grants.sum()), int(tokens)))
-        for i in np.flatnonzero(grants):  # only this round's prompts have new rollouts
-            tree = tree_of[int(i)]
-            fresh = [tree.nodes[leaf].reward for leaf in tree.leaves() if tree.nodes[leaf].anchor_id == 0]
+        if requests:
+            ledger.charge_tokens(branch_tokens, kind="prefix")
+        rounds.append((int(grants.sum()) + sum(k for _, _, k in branches), int(tokens + branch_tokens)))
+        for i in {int(i) for i in np.flatnonzero(grants)} | {i for i, _, _ in branches}:  # prompts with new leaves
+            tree = tree_of[i]
+            rewards = [tree.nodes[leaf].reward for leaf in tree.leaves()]
+            fresh = [r for leaf, r in zip(tree.leaves(), rewards) if tree.nodes[leaf].anchor_id == 0]
             seen.rollouts[i], seen.successes[i] = len(fresh), sum(r > 0.5 for r in fresh)
+            seen.tree_mixed[i] = any(r > 0.5 for r in rewards) and not all(r > 0.5 for r in rewards)
     selected = np.array(sorted(tree_of), dtype=np.int64)
     trees = [tree_of[int(i)] for i in selected]
     mark_roots(trees, None if p_pool is None else seen.p[selected], seen.rollouts[selected])
@@ -227,7 +250,49 @@ def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.nd
     seconds["allocate"] += time.perf_counter() - t0
     value = float(np.sum(root_value(seen.p, seen.rollouts, config.root_value))) if size else 0.0
     return GrowthResult(trees, selected, seen.p, seen.rollouts.copy(), seconds, stage1_value=value, kept=kept,
-                        rounds=rounds)
+                        rounds=rounds, **branch_stats)
+
+
+def offer_branches(method: MethodPreset, tree_of: dict[int, Tree], seen: Seen, predict: PredictFn,
+                   prices: Prices, predicted: dict[tuple[int, int], float]) -> Branches:
+    """The prefixes a branching round sampler may continue: `intermediate_nodes` (by the method's
+    `prefix_candidates`) of every tree not yet mixed, with the predictor's p from each prefix (`predicted` keeps
+    them across the step's rounds: a prefix's history does not change) and its price."""
+    found = [(i, ids, outcome) for i, tree in sorted(tree_of.items()) if not seen.tree_mixed[i]
+             for ids, outcome in [intermediate_nodes(tree, method.prefix_candidates)] if ids]
+    if not found:
+        empty = np.zeros(0)
+        return Branches(empty.astype(np.int64), empty.astype(np.int64), empty, empty.astype(np.int64), empty)
+    keys = [(i, node) for i, ids, _ in found for node in ids]
+    todo = [key for key in keys if key not in predicted]
+    if todo:
+        predicted.update(zip(todo, np.asarray(predict([tree_of[i].history(y) for i, y in todo]), dtype=float)))
+    return Branches(prompt=np.concatenate([np.full(len(ids), i, dtype=np.int64) for i, ids, _ in found]),
+                    node=np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in found]),
+                    p=np.array([predicted[key] for key in keys], dtype=float),
+                    outcome=np.concatenate([outcome for _, _, outcome in found]),
+                    cost=np.concatenate([prices.continuation(tree_of[i], ids) for i, ids, _ in found]))
+
+
+def charge_branches(branches: list[tuple[int, int, int]], tree_of: dict[int, Tree], seen: Seen,
+                    ledger: BudgetLedger, reason: str) -> list[tuple[Tree, int, int]]:
+    """Charge a round's continuations as stage 2's (at the prices `seen.branches` offered them), record them on
+    their anchors, and return them as `run_continuations` requests."""
+    offered = seen.branches
+    price = {(int(i), int(y)): float(c) for i, y, c in zip(offered.prompt, offered.node, offered.cost)}
+    unknown = [(i, y) for i, y, _ in branches if (i, y) not in price]
+    if unknown:
+        raise ValueError(f"round sampler {reason!r} granted continuations from prefixes it was not offered: {unknown}")
+    ledger.charge(ledger.rollout_units(sum(k for _, _, k in branches), continuation=True), kind="prefix",
+                  cost=sum(k * price[(i, y)] for i, y, k in branches))
+    p_of = {(int(i), int(y)): float(p) for i, y, p in zip(offered.prompt, offered.node, offered.p)}
+    requests = []
+    for i, y, k in branches:
+        node = tree_of[i].nodes[y]
+        node.p_pred, node.expand_reason = p_of[(i, y)], reason
+        node.num_granted += k
+        requests.append((tree_of[i], y, k))
+    return requests
 
 
 def expand_trees(method: MethodPreset, config: AllocationConfig, trees: Sequence[Tree], budgets: np.ndarray,

@@ -278,6 +278,10 @@ METHODS: dict[str, MethodPreset] = {m.name: m for m in [
     MethodPreset("posterior", "posterior", None, "grpo", "learned", source=ROUND_SAMPLERS["posterior"].source,
                  description="rounds by posterior value per expected token: probes of round_rollouts, mixed groups "
                              "filled to n, a Beta prior around the predictor updated with every rollout"),
+    MethodPreset("posterior-tree", "posterior_tree", None, "trace", "learned",
+                 source=ROUND_SAMPLERS["posterior_tree"].source,
+                 description="posterior, its probes also continuations from the prefixes of unmixed trees, whichever "
+                             "is worth more per expected token; whole trees trained with tree advantages"),
     MethodPreset("knapsack_rl", "knapsack_rl", None, "grpo", "learned",
                  source="KnapsackRL (arXiv 2509.25849), liziniu/KnapsackRL",
                  description="GRPO's batch, its rollouts redistributed by KnapsackRL's knapsack on predicted p"),

@@ -1,6 +1,7 @@
 """The adaptive samplers users switch on elsewhere, as presets of the one step: DAPO's dynamic sampling, Reinforce-Ada,
 SPEED and Pilot-Commit decide in rounds; KnapsackRL's allocation is a stage-1 policy. Beside them, ours: posterior
-screening, rounds chosen by a Beta posterior around the predictor, priced per expected token.
+screening, rounds chosen by a Beta posterior around the predictor, priced per expected token, and its variant whose
+probes may be continuations from the prefixes of the step's own trees.
 
 A **round sampler** grants each round's fresh rollouts from what the step's earlier rounds showed. Growth runs the
 rounds (`tracerl.core.growth.grow_in_rounds`): it asks `grants(seen, rng)` for the next round's rollouts per pool
@@ -37,6 +38,27 @@ def take_in_order(order: np.ndarray, each: np.ndarray, budget: float) -> np.ndar
 
 
 @dataclass
+class Branches:
+    """A round's continuation candidates: the prefixes of the step's trees whose leaves agree, of prompts whose tree
+    is not yet mixed (`tracerl.core.growth.intermediate_nodes`), each with its predicted success and its price."""
+
+    prompt: np.ndarray  # (Y,) pool index of the candidate's prompt
+    node: np.ndarray  # (Y,) its node id in that prompt's tree
+    p: np.ndarray  # (Y,) the predictor's success probability from the prefix
+    outcome: np.ndarray  # (Y,) the shared outcome of the leaves below it (1: all succeeded, 0: all failed)
+    cost: np.ndarray  # (Y,) budget cost of one continuation from it
+
+
+@dataclass
+class Round:
+    """What a branching sampler grants in one round: fresh rollouts per pool prompt, and continuations as (pool
+    index, node id, count)."""
+
+    fresh: np.ndarray
+    branches: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+@dataclass
 class Seen:
     """What a round sampler knows before each round: the pool's predictions and prices, the step's random order over
     the pool (the order a data loader would hand the prompts out), and the fresh rollouts and successes sampled so far."""
@@ -49,11 +71,14 @@ class Seen:
     round_index: int = 0  # 0 for the first round
     rollouts: np.ndarray = field(default=None)  # (P,) fresh rollouts sampled so far
     successes: np.ndarray = field(default=None)  # (P,) of them with reward > 0.5
+    tree_mixed: np.ndarray = field(default=None)  # (P,) the prompt's tree holds both outcomes, continuations counted
+    branches: Branches | None = None  # the prefixes a branching sampler may continue (growth fills them in)
 
     def __post_init__(self) -> None:
         size = len(self.p)
         self.rollouts = np.zeros(size, dtype=np.int64) if self.rollouts is None else self.rollouts
         self.successes = np.zeros(size, dtype=np.int64) if self.successes is None else self.successes
+        self.tree_mixed = np.zeros(size, dtype=bool) if self.tree_mixed is None else self.tree_mixed
         self.budget_left = self.budget if self.budget_left is None else self.budget_left
 
     def mixed(self, i: int) -> bool:
@@ -63,9 +88,11 @@ class Seen:
 
 
 class RoundSampler:
-    """A sampler that decides in rounds: `grants` before each round, `keep` after the last."""
+    """A sampler that decides in rounds: `grants` before each round, `keep` after the last. One that `branches` is
+    shown each round's continuation candidates (`Seen.branches`) and may grant a `Round` instead of fresh counts."""
 
     source = ""  # the reference this sampler follows (docs/allocation.md)
+    branches = False
 
     def __init__(self, config: Any):
         self.config = config
@@ -277,7 +304,7 @@ def beta_moment(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
 
 
 def posterior_ratio(a: np.ndarray, b: np.ndarray, rollouts: np.ndarray, successes: np.ndarray, n: int, probe: int,
-                    cost: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    cost: np.ndarray, mixed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each prompt, the rollouts its next block asks for, the expected informative rollouts per unit of expected
     cost that block leads to, and the expected cost still to come after it (a commit, if it turns mixed).
 
@@ -285,11 +312,12 @@ def posterior_ratio(a: np.ndarray, b: np.ndarray, rollouts: np.ndarray, successe
     to n: n - m informative rollouts for as many rollouts (ratio 1 / cost). A group not yet mixed gets a block of
     k = min(probe, n - m) more; it turns mixed with q = 1 - E[(1 - theta)^k] (all failed so far; a new prompt: 1 -
     E[theta^k] - E[(1 - theta)^k]) or 1 - E[theta^k] (all succeeded), and is then filled to n, so the block leads to
-    q n informative rollouts for an expected k + q (n - m - k) rollouts. A group of n or more asks for nothing."""
+    q n informative rollouts for an expected k + q (n - m - k) rollouts. A group of n or more asks for nothing.
+    `mixed` (P,) marks more groups as mixed (a tree whose continuations disagree with its fresh rollouts)."""
     m, s = np.asarray(rollouts, dtype=np.int64), np.asarray(successes, dtype=np.int64)
     post_a, post_b = a + s, b + (m - s)
-    block = np.where(m >= n, 0, np.where((s > 0) & (s < m), n - m, np.minimum(probe, n - m))).astype(np.int64)
-    mixed = (s > 0) & (s < m)
+    mixed = ((s > 0) & (s < m)) | (False if mixed is None else np.asarray(mixed, dtype=bool))
+    block = np.where(m >= n, 0, np.where(mixed, n - m, np.minimum(probe, n - m))).astype(np.int64)
     q = np.zeros(len(m))
     for k in np.unique(block[~mixed & (block > 0)]):
         sel = ~mixed & (block == k)
@@ -338,9 +366,71 @@ class PosteriorScreening(RoundSampler):
         return {i: tree for i, tree in trees.items() if 0 < seen.successes[i] < seen.rollouts[i]}
 
 
+def branch_ratio(branches: Branches, kappa: float, k: int, n: int, rollouts: np.ndarray, cost: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """For each candidate prefix, the expected informative rollouts per unit of expected cost of `k` continuations
+    from it, and the expected cost still to come after them.
+
+    theta_y ~ Beta(kappa p_y, kappa (1 - p_y)) around the predictor's p from the prefix. Below a prefix whose leaves
+    all failed, the k continuations flip the tree's outcome with q = 1 - E[(1 - theta)^k]; below one whose leaves all
+    succeeded, q = 1 - E[theta^k]. A flipped tree is mixed and is then filled to n fresh rollouts: its n fresh and k
+    continued leaves all carry signal, so the block leads to q (n + k) informative rollouts for k c_y + q (n - m) c
+    (c_y a continuation's price, c a fresh rollout's, m the fresh rollouts so far)."""
+    p = np.clip(branches.p, 0.01, 0.99)
+    some_success = 1.0 - beta_moment(kappa * (1 - p), kappa * p, k)
+    some_failure = 1.0 - beta_moment(kappa * p, kappa * (1 - p), k)
+    q = np.clip(np.where(branches.outcome > 0, some_failure, some_success), 0.0, 1.0)
+    after = q * np.maximum(n - rollouts[branches.prompt], 0) * cost[branches.prompt]
+    ratio = q * (n + k) / np.maximum(k * branches.cost + after, 1e-12)
+    return ratio, after
+
+
+class PosteriorTree(PosteriorScreening):
+    """Posterior screening whose probes may also be continuations (ours; docs/allocation.md, "Posterior screening with
+    branches"): each round, a prompt whose tree is not yet mixed is offered its fresh probe (`posterior_ratio`) and
+    `round_rollouts` continuations from each prefix whose leaves agree (`branch_ratio`); it gets the one worth more
+    per expected cost, and the round's blocks are bought best first while the budget also pays their expected fills.
+    The training group is the prompt's whole tree, kept when its leaves hold both outcomes."""
+
+    source = ("ours: posterior screening in which stage 2's continuations compete with fresh rollouts, round by round, "
+              "per expected token")
+    branches = True
+
+    def grants(self, seen: Seen, rng: np.random.Generator) -> Round:
+        p = np.clip(seen.p, 0.01, 0.99)
+        block, ratio, after = posterior_ratio(self.kappa * p, self.kappa * (1 - p), seen.rollouts, seen.successes,
+                                              self.n, self.probe, seen.cost, mixed=seen.tree_mixed)
+        price, branch_at = block * seen.cost, np.full(len(p), -1)
+        found = seen.branches
+        if found is not None and len(found.prompt):
+            b_ratio, b_after = branch_ratio(found, self.kappa, self.probe, self.n, seen.rollouts, seen.cost)
+            for y in np.lexsort((found.node, found.prompt, -b_ratio)):  # best first; ties by prompt, then node
+                i = int(found.prompt[y])
+                if b_ratio[y] > ratio[i] and branch_at[i] < 0 and not seen.tree_mixed[i]:
+                    branch_at[i], ratio[i], after[i] = y, b_ratio[y], b_after[y]
+                    price[i] = self.probe * found.cost[y]
+        rank = np.empty(len(p), dtype=np.int64)
+        rank[seen.order] = np.arange(len(p))
+        out, branched = np.zeros(len(p), dtype=np.int64), []
+        left, reserved = seen.budget_left, 0.0
+        for i in np.lexsort((rank, -ratio)):
+            if ratio[i] <= 0:
+                break
+            if price[i] + reserved + after[i] <= left + 1e-9:
+                left, reserved = left - price[i], reserved + after[i]
+                if branch_at[i] >= 0:
+                    branched.append((int(i), int(found.node[branch_at[i]]), self.probe))
+                else:
+                    out[i] = block[i]
+        return Round(out, branched)
+
+    def keep(self, trees: dict[int, Tree], seen: Seen, rng: np.random.Generator) -> dict[int, Tree]:
+        return {i: tree for i, tree in trees.items() if seen.tree_mixed[i]}
+
+
 ROUND_SAMPLERS: dict[str, type[RoundSampler]] = {
     "dapo": DynamicSampling, "reinforce_ada": ReinforceAda, "speed": Speed, "pilot_commit": PilotCommit,
-    "posterior": PosteriorScreening,
+    "posterior": PosteriorScreening, "posterior_tree": PosteriorTree,
 }
 
 

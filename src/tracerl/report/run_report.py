@@ -273,7 +273,8 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
         ratios = [_value(r, "alloc/effective_ratio") for r in train]
         priced = [_value(r, "alloc/informative_units_per_unit") for r in train]
         informative = [_value(r, "alloc/informative_rollouts_per_budget") for r in train]
-        lines += [f"Share of selected prompts whose tree is mixed; mean over steps {np.nanmean(ratios):.3f}."
+        mean_ratio = np.nanmean(ratios) if np.isfinite(ratios).any() else float("nan")  # nan: no step selected any
+        lines += [f"Share of selected prompts whose tree is mixed; mean over steps {mean_ratio:.3f}."
                   + (f" Informative samples (a non-zero advantage before batch whitening: what the gradient learns "
                      f"from) per budget unit, a continuation counted at its cost, mean over steps: "
                      f"{np.nanmean(priced):.3f} ({np.nanmean(informative):.3f} counting every rollout whole)."
