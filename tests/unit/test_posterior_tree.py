@@ -6,11 +6,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tracerl.core.growth import grow_trees
+from tracerl.core.growth import drawn_from, grow_trees
 from tracerl.core.ledger import make_prices
 from tracerl.core.methods import AllocationConfig, get_method
 from tracerl.core.samplers import ROUND_SAMPLERS, Branches, Round, Seen, branch_ratio, posterior_ratio
 from tracerl.core.step import run_step
+from tracerl.core.tree import Segment, Tree
 
 
 def branches(prompt, node, p, outcome, cost):
@@ -29,6 +30,31 @@ def test_a_continuations_worth_is_the_hand_computed_one():
     assert after.tolist() == pytest.approx([0.0, 1.6, 1.6])
     dearer, _ = branch_ratio(branches([0], [3], [0.25], [0], [1.0]), 4.0, 2, 8, np.array([8]), np.ones(1))
     assert dearer[0] == pytest.approx(2.0), "a continuation twice as dear is worth half as much per cost"
+
+
+def test_the_rollouts_drawn_from_a_prefix_update_its_worth():
+    """Beta(1, 3) updated with 3 failed draws from the prefix is Beta(1, 6): two continuations hold a success with
+    1 - (6 * 7) / (7 * 8) = 0.25, so a full group's block is worth 0.25 * 10 / 1."""
+    found = branches([0], [3], [0.25], [0], [0.5])
+    found.rollouts, found.successes = np.array([3]), np.array([0])
+    ratio, _ = branch_ratio(found, kappa=4.0, k=2, n=8, rollouts=np.array([8]), cost=np.ones(1))
+    assert ratio[0] == pytest.approx(2.5)
+
+
+def test_the_draws_from_a_prefix_are_the_leaves_below_it_that_started_at_or_above_it():
+    """Root -> a -> b -> leaf (a fresh rollout, failed); two continuations from a (one ends at a leaf below a new
+    node, one succeeded), one from b. Drawn from a: the fresh rollout and a's two continuations; from b: the fresh
+    rollout and b's continuation, not a's (they left a by another node)."""
+    turn = Segment.text_only("t", "", 1, 0)
+    tree = Tree.new("q", "prompt")
+    a = tree.add_child(0, turn)
+    b = tree.add_child(a, turn)
+    tree.add_child(b, turn, reward=0.0)
+    c = tree.add_child(a, turn, origin="continuation", anchor_id=a)
+    tree.add_child(c, turn, reward=0.0)
+    tree.add_child(a, turn, reward=1.0, origin="continuation", anchor_id=a)
+    tree.add_child(b, turn, reward=0.0, origin="continuation", anchor_id=b)
+    assert drawn_from(tree, a) == (3, 1) and drawn_from(tree, b) == (2, 0)
 
 
 def round_of(seen, **kw):

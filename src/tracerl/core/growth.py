@@ -267,11 +267,21 @@ def offer_branches(method: MethodPreset, tree_of: dict[int, Tree], seen: Seen, p
     todo = [key for key in keys if key not in predicted]
     if todo:
         predicted.update(zip(todo, np.asarray(predict([tree_of[i].history(y) for i, y in todo]), dtype=float)))
+    drawn = np.array([drawn_from(tree_of[i], y) for i, y in keys], dtype=np.int64).reshape(-1, 2)
     return Branches(prompt=np.concatenate([np.full(len(ids), i, dtype=np.int64) for i, ids, _ in found]),
                     node=np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in found]),
                     p=np.array([predicted[key] for key in keys], dtype=float),
                     outcome=np.concatenate([outcome for _, _, outcome in found]),
-                    cost=np.concatenate([prices.continuation(tree_of[i], ids) for i, ids, _ in found]))
+                    cost=np.concatenate([prices.continuation(tree_of[i], ids) for i, ids, _ in found]),
+                    rollouts=drawn[:, 0], successes=drawn[:, 1])
+
+
+def drawn_from(tree: Tree, node_id: int) -> tuple[int, int]:
+    """The rollouts drawn from the prefix ending at `node_id`, and their successes: the leaves below it whose rollout
+    started at it or above it (a continuation from a deeper node is a draw from that node's prefix instead)."""
+    above = set(tree.path(node_id))
+    drawn = [leaf for leaf in tree.leaves_below(node_id) if tree.nodes[leaf].anchor_id in above]
+    return len(drawn), sum(tree.nodes[leaf].reward > 0.5 for leaf in drawn)
 
 
 def charge_branches(branches: list[tuple[int, int, int]], tree_of: dict[int, Tree], seen: Seen,

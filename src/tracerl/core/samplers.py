@@ -47,6 +47,12 @@ class Branches:
     p: np.ndarray  # (Y,) the predictor's success probability from the prefix
     outcome: np.ndarray  # (Y,) the shared outcome of the leaves below it (1: all succeeded, 0: all failed)
     cost: np.ndarray  # (Y,) budget cost of one continuation from it
+    rollouts: np.ndarray = field(default=None)  # (Y,) rollouts drawn from it: leaves below it anchored at or above it
+    successes: np.ndarray = field(default=None)  # (Y,) of them with reward > 0.5
+
+    def __post_init__(self) -> None:
+        self.rollouts = np.zeros(len(self.prompt), dtype=np.int64) if self.rollouts is None else self.rollouts
+        self.successes = np.zeros(len(self.prompt), dtype=np.int64) if self.successes is None else self.successes
 
 
 @dataclass
@@ -371,14 +377,17 @@ def branch_ratio(branches: Branches, kappa: float, k: int, n: int, rollouts: np.
     """For each candidate prefix, the expected informative rollouts per unit of expected cost of `k` continuations
     from it, and the expected cost still to come after them.
 
-    theta_y ~ Beta(kappa p_y, kappa (1 - p_y)) around the predictor's p from the prefix. Below a prefix whose leaves
-    all failed, the k continuations flip the tree's outcome with q = 1 - E[(1 - theta)^k]; below one whose leaves all
-    succeeded, q = 1 - E[theta^k]. A flipped tree is mixed and is then filled to n fresh rollouts: its n fresh and k
-    continued leaves all carry signal, so the block leads to q (n + k) informative rollouts for k c_y + q (n - m) c
-    (c_y a continuation's price, c a fresh rollout's, m the fresh rollouts so far)."""
+    theta_y ~ Beta(kappa p_y + s_y, kappa (1 - p_y) + m_y - s_y): a prior around the predictor's p from the prefix,
+    updated with the m_y rollouts already drawn from it (the one that made it, and the continuations from it), s_y of
+    them successes, so a prefix whose continuations keep failing is offered at a falling price-worth. Below a prefix
+    whose leaves all failed, the k continuations flip the tree's outcome with q = 1 - E[(1 - theta)^k]; below one
+    whose leaves all succeeded, q = 1 - E[theta^k]. A flipped tree is mixed and is then filled to n fresh rollouts:
+    its n fresh and k continued leaves all carry signal, so the block leads to q (n + k) informative rollouts for
+    k c_y + q (n - m) c (c_y a continuation's price, c a fresh rollout's, m the fresh rollouts so far)."""
     p = np.clip(branches.p, 0.01, 0.99)
-    some_success = 1.0 - beta_moment(kappa * (1 - p), kappa * p, k)
-    some_failure = 1.0 - beta_moment(kappa * p, kappa * (1 - p), k)
+    a, b = kappa * p + branches.successes, kappa * (1 - p) + branches.rollouts - branches.successes
+    some_success = 1.0 - beta_moment(b, a, k)
+    some_failure = 1.0 - beta_moment(a, b, k)
     q = np.clip(np.where(branches.outcome > 0, some_failure, some_success), 0.0, 1.0)
     after = q * np.maximum(n - rollouts[branches.prompt], 0) * cost[branches.prompt]
     ratio = q * (n + k) / np.maximum(k * branches.cost + after, 1e-12)
