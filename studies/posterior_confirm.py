@@ -22,7 +22,7 @@ sampled tokens.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -31,6 +31,11 @@ import numpy as np
 
 from tracerl.core.stats import holm, seed_mean
 
+_spec = importlib.util.spec_from_file_location("posterior_screen", Path(__file__).resolve().parent / "posterior_screen.py")
+posterior_screen = importlib.util.module_from_spec(_spec)
+sys.modules["posterior_screen"] = posterior_screen
+_spec.loader.exec_module(posterior_screen)
+
 PLANNED_BUILDS = 24
 SMALLEST_GAIN = 0.5  # points: a gain below this is not worth a new sampler (the plan's refutation bound)
 PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))
@@ -38,27 +43,10 @@ SECONDARY = (("trace", "pcl"),)
 NEEDED = ("pcl", "knapsack_rl", "posterior", "trace")
 
 
-def per_build(report: dict) -> dict:
-    """One build's differences from `pcl` (points) with their paired standard errors over questions, its weights
-    hash, its success at the start and each method's final success and sampled tokens."""
-    methods = report["methods"]
-    return {"weights": (report.get("weights") or {}).get("weights_sha256", "")[:12],
-            "start": 100 * methods["pcl"]["success_before"],
-            "diff": {m: 100 * r["diff_at_equal_tokens"]["mean"] for m, r in methods.items()},
-            "se": {m: 100 * (r["diff_at_equal_tokens"].get("se") or 0.0) for m, r in methods.items()},
-            "final": {m: 100 * r["success_after"] for m, r in methods.items()},
-            "tokens": {m: r["tokens"] for m, r in methods.items()}}
-
-
 def read(root: Path) -> dict[int, dict]:
-    """Every build under `root` whose four methods all finished (a build still training is left out)."""
-    rows = {}
-    for folder in sorted(root.glob("build*"), key=lambda p: int(p.name[5:])):
-        report = folder / "compare.json"
-        summary = json.loads(report.read_text()) if report.exists() else None
-        if summary and all(m in summary["methods"] for m in NEEDED):
-            rows[int(folder.name[5:])] = per_build(summary)
-    return rows
+    """Every build under `root` whose four methods all finished, as the screen reads one (`posterior_screen.per_build`:
+    differences from `pcl` and their standard errors over questions, in points)."""
+    return posterior_screen.read(root, NEEDED)
 
 
 def difference(rows: dict[int, dict], method: str, comparator: str) -> tuple[list[float], list[float]]:

@@ -29,24 +29,27 @@ def candidates(rows: dict[int, dict]) -> list[str]:
 
 
 def per_build(report: dict) -> dict:
-    """The build's differences from `pcl` in points (with their intervals over questions), its weights hash, start,
-    final successes and sampled tokens."""
+    """The build's differences from `pcl` in points (with their intervals and standard errors over questions), its
+    weights hash, start, final successes and sampled tokens."""
     methods = report["methods"]
     diff = {m: 100 * r["diff_at_equal_tokens"]["mean"] for m, r in methods.items()}
     interval = {m: (100 * r["diff_at_equal_tokens"]["lo"], 100 * r["diff_at_equal_tokens"]["hi"])
                 for m, r in methods.items()}
     return {"weights": (report.get("weights") or {}).get("weights_sha256", "")[:12],
             "start": 100 * methods["pcl"]["success_before"], "diff": diff, "interval": interval,
+            "se": {m: 100 * (r["diff_at_equal_tokens"].get("se") or 0.0) for m, r in methods.items()},
             "final": {m: 100 * r["success_after"] for m, r in methods.items()},
             "tokens": {m: r["tokens"] for m, r in methods.items()}}
 
 
-def read(root: Path) -> dict[int, dict]:
+def read(root: Path, needed: tuple[str, ...] = COMPARATORS) -> dict[int, dict]:
+    """Every `build<k>/compare.json` under `root` in which all of `needed` finished (a build still training is left
+    out), by build seed."""
     rows = {}
     for folder in sorted(root.glob("build*"), key=lambda p: int(p.name[5:])):
         report = folder / "compare.json"
         summary = json.loads(report.read_text()) if report.exists() else None
-        if summary and all(m in summary["methods"] for m in COMPARATORS):
+        if summary and all(m in summary["methods"] for m in needed):
             rows[int(folder.name[5:])] = per_build(summary)
     return rows
 

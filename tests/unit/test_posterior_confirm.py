@@ -19,7 +19,8 @@ def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=
     folder = root / f"build{k}"
     folder.mkdir(parents=True)
     rows = {m: {"success_before": 0.6, "success_after": 0.65 + diffs.get(m, 0.0) / 100, "tokens": 130_000 + k,
-                "diff_at_equal_tokens": {"mean": diffs.get(m, 0.0) / 100, "se": 0.0 if m == "pcl" else se / 100}}
+                "diff_at_equal_tokens": {"mean": diffs.get(m, 0.0) / 100, "se": 0.0 if m == "pcl" else se / 100,
+                                         "lo": 0.0, "hi": 0.0}}  # the interval over questions is not read here
             for m in methods}
     (folder / "compare.json").write_text(json.dumps({"methods": rows, "weights": {"weights_sha256": f"{k:064x}"}}))
 
