@@ -357,7 +357,7 @@ def _methods(args: argparse.Namespace) -> int:
     for m in METHODS.values():
         stage2 = m.prefix_policy or "-"
         source = f" [{m.source}]" if m.source else ""
-        print(f"{m.name:<22} stage1={m.root_policy:<13} stage2={stage2:<10} adv={m.advantage:<13} "
+        print(f"{m.name:<22} stage1={m.root_policy:<14} stage2={stage2:<10} adv={m.advantage:<13} "
               f"{m.description}{source}")
     return 0
 
