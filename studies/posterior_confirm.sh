@@ -10,7 +10,10 @@
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
 #   studies/posterior_confirm.sh "6 8 10 12 14 16 18 20 22 24 26 28" &
 # Resumable: finished runs are kept and a partial table continues when the same line runs again. Runs go to
-# runs/posterior-confirm/build<k>/; `python studies/posterior_confirm.py runs/posterior-confirm` reads them.
+# runs/posterior-confirm/build<k>/; each finished build's four runs are kept as records in
+# studies/posterior-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is made again from its
+# seed and checked against the weights hash the runs hold). `python studies/posterior_confirm.py runs/posterior-confirm`
+# reads them once all 24 builds are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 builds=${1:-"$(seq -s ' ' 5 28)"}
@@ -23,5 +26,7 @@ common=(--methods pcl,knapsack_rl,posterior,trace --seeds 0-0 --baseline pcl --c
 for k in $builds; do
   tracerl warmstart --config configs/trace-headroom.toml --set policy.embedded.seed="$k" --keep
   tracerl compare --out "runs/posterior-confirm/build$k" "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  python studies/run_records.py save "runs/posterior-confirm/build$k" "studies/posterior-confirm/build$k.tar.xz" \
+    --no-build --methods pcl,knapsack_rl,posterior,trace
 done
 echo "posterior_confirm: builds $builds in runs/posterior-confirm/"

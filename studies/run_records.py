@@ -1,6 +1,6 @@
 """Keep a comparison's finished runs as small records a report can be rewritten from, and put them back.
 
-    python studies/run_records.py save RUNS_DIR RECORDS [--methods grpo,pcl,trace] [--policy BUILD_DIR]
+    python studies/run_records.py save RUNS_DIR RECORDS [--methods grpo,pcl,trace] [--policy BUILD_DIR | --no-build]
     python studies/run_records.py restore RECORDS RUNS_DIR [--cache CACHE_DIR]
     python studies/run_records.py pending RECORDS --seeds 0-40 [--methods grpo,pcl,trace]
     python studies/run_records.py cost RECORDS --seeds 0-40 [--lanes 2]
@@ -17,7 +17,9 @@ its three runs trained on one machine; `saved_on.json` beside each run names the
 and a hash of its flags). With the first seed it also keeps the build the runs started from (`--policy`, else the
 local build their `provenance.json` names; the embedded policy's cache folder, about 2 MB), so a later machine
 starts from the same weights instead of rebuilding (a build is bit-identical across thread counts on one machine,
-not across machines); a seed whose runs start from other weights than those kept is refused. Records already kept
+not across machines); a seed whose runs start from other weights than those kept is refused. `--no-build` keeps none:
+for a design whose unit is the build, one records per build, each build made again from its seed and checked
+against the weights hash every run's `provenance.json` holds. Records already kept
 are never overwritten. Saves and restores of one records folder take turns (a lock on the folder), so lanes that
 finish seeds at the same moment each keep theirs once, and a lane starting beside others restores whole runs.
 
@@ -199,13 +201,14 @@ def _files(folder: Path) -> list[str]:
     return sorted(name for p in folder.rglob("*") if not (name := p.relative_to(folder).as_posix()).startswith("."))
 
 
-def save(runs: Path, records: Path, labels: list[str], policy: Path | None = None) -> list[int]:
-    """Keep every finished seed of `runs` not yet in `records`, and the build its runs started from when none is kept
-    yet (`policy`, else the local build their provenance names); return the seeds kept now. A seed whose runs start
-    from other weights than the runs already kept is refused, naming both."""
+def save(runs: Path, records: Path, labels: list[str], policy: Path | None = None, keep_build: bool = True,
+         ) -> list[int]:
+    """Keep every finished seed of `runs` not yet in `records`, and (with `keep_build`) the build its runs started
+    from when none is kept yet (`policy`, else the local build their provenance names); return the seeds kept now. A
+    seed whose runs start from other weights than the runs already kept is refused, naming both."""
     (records.parent if is_archive(records) else records).mkdir(parents=True, exist_ok=True)
     with _turn(records), records_folder(records, write=True) as folder:
-        return _save(runs, folder, labels, policy)
+        return _save(runs, folder, labels, policy, keep_build)
 
 
 @contextlib.contextmanager
@@ -220,7 +223,7 @@ def _turn(records: Path) -> Iterator[None]:
         os.close(folder)
 
 
-def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> list[int]:
+def _save(runs: Path, records: Path, labels: list[str], policy: Path | None, keep_build: bool) -> list[int]:
     saved = []
     kept_weights = {starting_weights(d)[0] for d in records.iterdir() if RUN_NAME.match(d.name)} - {None}
     for seed, dirs in sorted(whole_seeds(runs, labels).items()):
@@ -249,7 +252,7 @@ def _save(runs: Path, records: Path, labels: list[str], policy: Path | None) -> 
             (tmp / "saved_on.json").write_text(json.dumps(machine(), indent=1) + "\n")
             tmp.rename(target)
         saved.append(seed)
-    if policy is not None and not any((records / POLICY).glob("*/model")):
+    if keep_build and policy is not None and not any((records / POLICY).glob("*/model")):
         shutil.copytree(policy, records / POLICY / policy.name)
     return saved
 
@@ -324,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p_save.add_argument("runs", type=Path)
     p_save.add_argument("records", type=Path)
     p_save.add_argument("--policy", type=Path, help="the build folder the runs started from, kept once")
+    p_save.add_argument("--no-build", action="store_true", help="keep no build (a design whose unit is the build)")
     p_restore = sub.add_parser("restore", help="put kept runs (and the kept build) back")
     p_restore.add_argument("records", type=Path)
     p_restore.add_argument("runs", type=Path)
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.runs} is not a folder of runs")
         if args.policy is not None and not (args.policy / "model").is_dir():
             parser.error(f"{args.policy} is not a build folder (no model/ in it): give $TRACERL_CACHE/<build id>")
-        seeds = save(args.runs, args.records, args.methods.split(","), args.policy)
+        seeds = save(args.runs, args.records, args.methods.split(","), args.policy, keep_build=not args.no_build)
         print(f"run_records: kept seeds {format_seeds(seeds) or 'none'} in {args.records}")
     elif args.command == "restore":
         if not (args.records.is_file() if is_archive(args.records) else args.records.is_dir()):

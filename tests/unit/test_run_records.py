@@ -154,6 +154,20 @@ def test_the_build_named_by_the_runs_provenance_is_kept_once(module, tmp_path):
     assert [p.name for p in (records / "policy").iterdir()] == ["feedbeef"]
 
 
+def test_no_build_keeps_the_runs_and_no_build(module, tmp_path, capsys):
+    """A design whose unit is the build keeps one records per build, without the 2 MB build in each."""
+    runs, records = tmp_path / "runs", tmp_path / "build5.tar.xz"
+    build = tmp_path / "cache" / "feedbeef"
+    (build / "model").mkdir(parents=True)
+    for label in LABELS:
+        make_run(runs, label, 0, source=build)
+    assert module.main(["save", str(runs), str(records), "--no-build", "--methods", ",".join(LABELS)]) == 0
+    assert "kept seeds 0" in capsys.readouterr().out
+    with tarfile.open(records) as tar:
+        names = tar.getnames()
+    assert names and not any("/policy/" in n for n in names) and any("pcl-seed0/metrics.jsonl" in n for n in names)
+
+
 def test_a_seed_from_other_weights_is_refused(module, tmp_path):
     runs, records = tmp_path / "runs", tmp_path / "records"
     for label in LABELS:

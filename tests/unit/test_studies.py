@@ -13,7 +13,8 @@
 - The designs not yet read (function calling's confirmatory runs, math's pilot): their archives hold the whole,
   finished seeds their READMEs list, all from the one build kept with them, saved on the machine they name. No
   success figure of theirs is computed: the plan reads them once complete.
-- Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes.
+- Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; the `posterior`
+  table's, one per build, each hold that build's four finished runs and no build.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
   (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
@@ -190,6 +191,27 @@ def test_the_registered_seed_counts_come_back_from_their_reports():
 
 
 SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
+
+
+def test_each_kept_build_of_the_posterior_table_holds_its_four_finished_runs(tmp_path):
+    """studies/posterior-confirm/build<k>.tar.xz (not read yet: no success figure here): seed 0 of the four methods,
+    finished, from one build whose weights no other kept build shares, no build kept, packing to its own bytes."""
+    records = load_study_script("run_records")
+    weights = {}
+    for archive in sorted((STUDIES / "posterior-confirm").glob("build*.tar.xz")):
+        folder = tmp_path / archive.name
+        records.unpack(archive, folder)
+        kept = records.whole_seeds(folder, ["pcl", "knapsack_rl", "posterior", "trace"])
+        assert list(kept) == [0] and all(records.finished(run) for run in kept[0].values()), archive.name
+        assert not (folder / records.POLICY).exists(), f"{archive.name} keeps a build"
+        hashes = {records.starting_weights(run)[0] for run in kept[0].values()}
+        assert len(hashes) == 1 and None not in hashes, f"{archive.name}: its runs start from {hashes}"
+        weights[archive.name] = hashes.pop()
+        again = tmp_path / "again" / archive.name
+        again.parent.mkdir(exist_ok=True)
+        records.pack(folder, again)
+        assert again.read_bytes() == archive.read_bytes(), f"{archive.name}: packing its own files gives other bytes"
+    assert len(set(weights.values())) == len(weights), "two kept builds share their weights"
 
 
 @pytest.mark.parametrize("table, seeds, weights, labels, machine", [
