@@ -1,17 +1,22 @@
-"""Read the confirmatory table of `posterior` (studies/preregistration.md, its last section) over builds.
+"""Read the confirmatory table of `posterior` (studies/preregistration.md, its section and amendment 14) over builds.
 
     python studies/posterior_confirm.py runs/posterior-confirm [--out studies/posterior-confirm/primary.md]
 
 Each `build<k>/compare.json` (`tracerl compare --baseline pcl`, one seed) gives every method minus `pcl` at `pcl`'s
-final sampled tokens, with its standard error over the 512 questions; a method minus `knapsack_rl` is the
-difference of two of them. The unit is the build: each build gives one difference per question, and its interval
-is Student's t over builds. The rule, as registered:
+final sampled tokens, with its standard error over the 512 questions; a difference between two other methods is
+the difference of their two (every run stops within a step of 130,000 sampled tokens). The unit is the build: each
+build gives one difference, and its interval is Student's t over builds. The rule, as registered:
 
 - Primaries, Holm over the two: `posterior` - `pcl` and `posterior` - `knapsack_rl`. Each is *established* when its
   Holm-adjusted p (paired t over builds) is at most 0.05 and its mean is above zero, which is the same as its interval
   at Holm's level excluding zero on the positive side; *refuted* when its 95% interval lies below +0.5 points;
   *unresolved* otherwise. (Established against `posterior`, a mean below zero, reads "established, against".)
-- Secondary: `trace` - `pcl` on the same builds, by the same rule (alone in its family, so unadjusted).
+- Secondaries, Holm over the three (amendment 14): `trace` - `pcl`, `trace` - `trace-root-only` (stage 2's own
+  value) and `posterior` - `grpo`, by the same rule.
+- The goal, descriptive: `posterior`'s share of `grpo`'s sampled tokens to reach `grpo`'s final success, per build
+  from `build<k>/vs-grpo/compare.json` (`tracerl compare --baseline grpo`; infinite where never reached), the median
+  over builds with its percentile bootstrap interval over builds; met when the median is at most 70% and the upper
+  end below 100%.
 - A reading over fewer builds than planned (24) is an interim look that decides nothing.
 
 Also stated, not tested: each build's weights hash, the paired question noise of each difference beside the spread
@@ -23,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from tracerl.core.stats import holm, seed_mean
+from tracerl.core.stats import bootstrap_over_seeds, holm, seed_mean
 
 _spec = importlib.util.spec_from_file_location("posterior_screen", Path(__file__).resolve().parent / "posterior_screen.py")
 posterior_screen = importlib.util.module_from_spec(_spec)
@@ -39,14 +45,38 @@ _spec.loader.exec_module(posterior_screen)
 PLANNED_BUILDS = 24
 SMALLEST_GAIN = 0.5  # points: a gain below this is not worth a new sampler (the plan's refutation bound)
 PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))
-SECONDARY = (("trace", "pcl"),)
-NEEDED = ("pcl", "knapsack_rl", "posterior", "trace")
+SECONDARY = (("trace", "pcl"), ("trace", "trace-root-only"), ("posterior", "grpo"))
+NEEDED = ("pcl", "knapsack_rl", "posterior", "trace", "grpo", "trace-root-only")
+GOAL_SHARE = 0.70  # of grpo's sampled tokens, to reach grpo's final held-out success
 
 
 def read(root: Path) -> dict[int, dict]:
     """Every build under `root` whose four methods all finished, as the screen reads one (`posterior_screen.per_build`:
     differences from `pcl` and their standard errors over questions, in points)."""
-    return posterior_screen.read(root, NEEDED)
+    rows = posterior_screen.read(root, NEEDED)
+    for k, row in rows.items():
+        row["share"] = token_share(root / f"build{k}" / "vs-grpo" / "compare.json")
+    return rows
+
+
+def token_share(report: Path, method: str = "posterior") -> float:
+    """`method`'s share of `grpo`'s sampled tokens to reach `grpo`'s final success in one build's report against
+    `grpo` (one seed); infinite where it never reached, nan where the report is missing."""
+    if not report.exists():
+        return math.nan
+    ci = json.loads(report.read_text())["methods"][method]["share_of_baseline_tokens_ci"]
+    (value,) = ci["per_seed"]
+    return math.inf if value is None else float(value)
+
+
+def goal(rows: dict[int, dict]) -> dict:
+    """The median share over builds, its bootstrap interval over builds, and whether the goal is met."""
+    shares = [r["share"] for r in rows.values() if not math.isnan(r["share"])]
+    if len(shares) < 2:
+        return {"builds": len(shares), "median": math.nan, "lo": math.nan, "hi": math.nan, "met": False}
+    est = bootstrap_over_seeds(shares)
+    return {"builds": len(shares), "median": est.median, "lo": est.median_lo, "hi": est.median_hi,
+            "met": bool(est.median <= GOAL_SHARE and est.median_hi < 1.0), "per_build": shares}
 
 
 def difference(rows: dict[int, dict], method: str, comparator: str) -> tuple[list[float], list[float]]:
@@ -86,13 +116,19 @@ def to_markdown(rows: dict[int, dict]) -> str:
              + (" **An interim look: it decides nothing.**" if interim else ""), "",
              "| family | difference | mean [95% t over builds] | p (paired t) | Holm p | reading | sd over builds | "
              "question SE (mean per build) |", "|---|---|---|---|---|---|---|---|"]
-    for family, pairs in (("primary", PRIMARIES), ("secondary", SECONDARY)):
+    for family, pairs in (("primary", PRIMARIES), ("secondary", SECONDARY)):  # each a Holm family of its own
         for item in read_family(rows, pairs):
             est, (m, c) = item["est"], item["pair"]
             reading = "interim" if interim else item["verdict"]
             lines.append(f"| {family} | `{m}` - `{c}` | {est.mean:+.2f} [{est.lo:+.2f}, {est.hi:+.2f}] | "
                          f"{est.p_value:.3f} | {item['p_holm']:.3f} | {reading} | {item['sd']:.2f} | "
                          f"{item['question_se']:.2f} |")
+    share = goal(rows)
+    lines += ["", f"The goal (descriptive): `posterior`'s share of `grpo`'s sampled tokens to reach `grpo`'s final "
+              f"success, median over {share['builds']} builds {_pct(share['median'])} [{_pct(share['lo'])}, "
+              f"{_pct(share['hi'])}] (percentile bootstrap over builds); "
+              + ("interim" if interim else ("met" if share["met"] else "not met"))
+              + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]
     lines += ["", "Per build (points of held-out success; differences at `pcl`'s final sampled tokens, with their "
               "paired standard error over questions):", "",
               "| build | weights | start | method | final success | sampled tokens | minus `pcl` (SE) |",
@@ -102,6 +138,10 @@ def to_markdown(rows: dict[int, dict]) -> str:
             lines.append(f"| {k} | `{r['weights']}` | {r['start']:.1f}% | `{m}` | {r['final'][m]:.1f}% | "
                          f"{r['tokens'][m]:,.0f} | {r['diff'][m]:+.2f} ({r['se'][m]:.2f}) |")
     return "\n".join(lines) + "\n"
+
+
+def _pct(x: float) -> str:
+    return "infinite" if x == math.inf else ("-" if math.isnan(x) else f"{100 * x:.0f}%")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The confirmatory table of `posterior` against `pcl` and `knapsack_rl` (studies/preregistration.md, its last section):
-# pcl, knapsack_rl, posterior and trace on new builds of the headroom testbed (policy.embedded.seed 5-28), one
-# training seed each, every run trained to 130,000 sampled tokens, 512 held-out questions x 8 coupled samples at
-# step 0, step 20 and the stop.
+# pcl, knapsack_rl, posterior and trace, and (amendment 14) grpo and trace-root-only, on new builds of the headroom
+# testbed (policy.embedded.seed 5-28), one training seed each, every run trained to 130,000 sampled tokens, 512
+# held-out questions x 8 coupled samples at step 0, step 20 and the stop. Each build's report against pcl is
+# build<k>/compare.json, against grpo build<k>/vs-grpo/compare.json.
 #
 #   studies/posterior_confirm.sh [BUILDS] [tracerl compare arguments...]   (BUILDS: default "5 6 ... 28")
 #
@@ -18,15 +19,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 builds=${1:-"$(seq -s ' ' 5 28)"}
 shift $(( $# < 1 ? $# : 1 ))
-common=(--methods pcl,knapsack_rl,posterior,trace --seeds 0-0 --baseline pcl --config configs/trace-headroom.toml
+methods=pcl,knapsack_rl,posterior,trace,grpo,trace-root-only
+common=(--methods "$methods" --seeds 0-0 --config configs/trace-headroom.toml
         --set run.num_steps=40 --set run.total_token_budget=130000 --set "run.eval_steps=[20]"
         --set run.eval_prompts=512 --set run.eval_samples=8 --set run.eval_coupled=true
         --set allocation.budget_unit=tokens --set allocation.token_budget=12800
         --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
 for k in $builds; do
   tracerl warmstart --config configs/trace-headroom.toml --set policy.embedded.seed="$k" --keep
-  tracerl compare --out "runs/posterior-confirm/build$k" "${common[@]}" --set policy.embedded.seed="$k" "$@"
-  python studies/run_records.py save "runs/posterior-confirm/build$k" "studies/posterior-confirm/build$k.tar.xz" \
-    --no-build --methods pcl,knapsack_rl,posterior,trace
+  out=runs/posterior-confirm/build$k
+  tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
+  mkdir -p "$out/vs-grpo" && cp "$out/compare.md" "$out/compare.json" "$out/vs-grpo/"
+  tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
+  python studies/run_records.py save "$out" "studies/posterior-confirm/build$k.tar.xz" --no-build --methods "$methods"
 done
 echo "posterior_confirm: builds $builds in runs/posterior-confirm/"

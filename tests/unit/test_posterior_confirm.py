@@ -13,9 +13,10 @@ from helpers import load_study_script
 confirm = load_study_script("posterior_confirm")
 
 
-def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=("pcl", "knapsack_rl", "posterior",
-                                                                               "trace")) -> None:
-    """A build's compare.json as `tracerl compare --baseline pcl` writes it, with the given differences in points."""
+def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=confirm.NEEDED,
+                share: float | None = 0.6) -> None:
+    """A build's compare.json as `tracerl compare --baseline pcl` writes it, with the given differences in points, and
+    its vs-grpo/compare.json with `posterior`'s share of `grpo`'s tokens (None: never reached)."""
     folder = root / f"build{k}"
     folder.mkdir(parents=True)
     rows = {m: {"success_before": 0.6, "success_after": 0.65 + diffs.get(m, 0.0) / 100, "tokens": 130_000 + k,
@@ -23,6 +24,9 @@ def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=
                                          "lo": 0.0, "hi": 0.0}}  # the interval over questions is not read here
             for m in methods}
     (folder / "compare.json").write_text(json.dumps({"methods": rows, "weights": {"weights_sha256": f"{k:064x}"}}))
+    (folder / "vs-grpo").mkdir()
+    (folder / "vs-grpo" / "compare.json").write_text(json.dumps(
+        {"methods": {"posterior": {"share_of_baseline_tokens_ci": {"per_seed": [share]}}}}))
 
 
 def alternating(centre: float, swing: float, k: int) -> float:
@@ -36,7 +40,7 @@ def table(tmp_path):
     for k in range(5, 29):
         write_build(tmp_path, k, {"posterior": alternating(1.0, 0.2, k), "knapsack_rl": alternating(1.0, -0.2, k),
                                   "trace": alternating(0.5, 2.0, k)})
-    write_build(tmp_path, 29, {"posterior": 9.0, "knapsack_rl": 0.0}, methods=("pcl", "knapsack_rl", "posterior"))
+    write_build(tmp_path, 29, {"posterior": 9.0, "knapsack_rl": 0.0}, methods=confirm.NEEDED[:-1])
     return tmp_path
 
 
@@ -55,10 +59,23 @@ def test_the_reading_holds_to_the_hand_computed_table(table):
     assert second["est"].hi == pytest.approx(half * 0.4 * math.sqrt(24 / 23), rel=1e-3)  # 0.17 < 0.5
     assert second["p_holm"] == pytest.approx(1.0) and second["verdict"] == "refuted"
     assert second["question_se"] == pytest.approx(math.hypot(0.5, 0.5))  # two differences read against one pcl
-    (trace,) = confirm.read_family(rows, confirm.SECONDARY)
+    trace, stage2, over_grpo = confirm.read_family(rows, confirm.SECONDARY)  # grpo and trace-root-only at 0 here
     assert (trace["est"].lo, trace["est"].hi) == pytest.approx((0.5 - half * 2.0 * math.sqrt(24 / 23),
                                                                  0.5 + half * 2.0 * math.sqrt(24 / 23)), rel=1e-3)
     assert trace["verdict"] == "unresolved" and trace["question_se"] == pytest.approx(0.5)
+    assert stage2["p_holm"] == pytest.approx(min(1.0, 2 * stage2["est"].p_value))  # the second of three by p
+    assert over_grpo["p_holm"] == pytest.approx(3 * over_grpo["est"].p_value) and over_grpo["verdict"] == "established"
+    assert confirm.goal(rows) == {"builds": 24, "median": 0.6, "lo": 0.6, "hi": 0.6, "met": True, "per_build": [0.6] * 24}
+
+
+@pytest.mark.parametrize("shares, met", [([0.75] * 24, False), ([0.5] * 12 + [None] * 12, False),
+                                         ([0.65] * 20 + [None] * 4, True)])
+def test_the_goal_is_the_median_share_below_70_with_its_upper_end_below_100(tmp_path, shares, met):
+    """A median above 70% misses; half the builds never reaching puts the median's upper end at infinity; 4 of 24 never
+    reaching leaves the median at 65%, its interval finite."""
+    for k, share in enumerate(shares):
+        write_build(tmp_path, k, {}, share=share)
+    assert confirm.goal(confirm.read(tmp_path))["met"] is met
 
 
 @pytest.mark.parametrize("mean, hi, p, expected", [

@@ -14,7 +14,7 @@
   finished seeds their READMEs list, all from the one build kept with them, saved on the machine they name. No
   success figure of theirs is computed: the plan reads them once complete.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; the `posterior`
-  table's, one per build, each hold that build's four finished runs and no build.
+  table's, one per build, each hold that build's six finished runs and no build.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
   (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
@@ -194,14 +194,14 @@ SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "kn
 
 
 def test_each_kept_build_of_the_posterior_table_holds_its_four_finished_runs(tmp_path):
-    """studies/posterior-confirm/build<k>.tar.xz (not read yet: no success figure here): seed 0 of the four methods,
+    """studies/posterior-confirm/build<k>.tar.xz (not read yet: no success figure here): seed 0 of the six methods,
     finished, from one build whose weights no other kept build shares, no build kept, packing to its own bytes."""
     records = load_study_script("run_records")
     weights = {}
     for archive in sorted((STUDIES / "posterior-confirm").glob("build*.tar.xz")):
         folder = tmp_path / archive.name
         records.unpack(archive, folder)
-        kept = records.whole_seeds(folder, ["pcl", "knapsack_rl", "posterior", "trace"])
+        kept = records.whole_seeds(folder, list(load_study_script("posterior_confirm").NEEDED))
         assert list(kept) == [0] and all(records.finished(run) for run in kept[0].values()), archive.name
         assert not (folder / records.POLICY).exists(), f"{archive.name} keeps a build"
         hashes = {records.starting_weights(run)[0] for run in kept[0].values()}
