@@ -13,7 +13,8 @@ methods only once it is shown to order them as held-out success at equal sampled
 
 A tau near +1 means the proxy orders methods as held-out success does. Tables: the two confirmatory tables (3
 methods), the samplers table (6 methods: `pilot_commit` is left out, it trains as `speed` does), the headroom pilot
-and the domain tables. One build each: a reading is the build's.
+and the domain tables, one build each (a reading is the build's); and the posterior screen, whose five builds (one
+seed each, against `pcl`, 5 methods) stand where seeds stand, so its reading is over builds.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def table_values(report: dict, proxy: str) -> tuple[list[str], np.ndarray, np.nd
     return methods, held, signal
 
 
+def screen_values(proxy: str, folder: Path = STUDIES / "posterior-screen") -> tuple[list[str], np.ndarray, np.ndarray]:
+    """`table_values` over the screen's builds (one seed each): column b is build b's difference from `pcl`."""
+    parts = [table_values(json.loads(report.read_text()), proxy) for report in sorted(folder.glob("build*/compare.json"))]
+    methods = parts[0][0]
+    assert all(p[0] == methods for p in parts), "every build's report holds the same methods in the same order"
+    return methods, np.hstack([p[1] for p in parts]), np.hstack([p[2] for p in parts])
+
+
 def ranks(held: np.ndarray, signal: np.ndarray, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     order = kendall_tau_b(signal.mean(axis=1), held.mean(axis=1))
@@ -71,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the table here as well")
     args = parser.parse_args(argv)
-    lines = ["| table | methods, by mean held-out difference from `grpo` | seeds | proxy | its order | tau-b of the "
-             "methods' order [95% bootstrap over seeds] | mean tau-b per seed [95% t] |", "|---|---|---|---|---|---|---|"]
-    for name in TABLES:
-        report = json.loads((STUDIES / name / "compare.json").read_text())
+    lines = ["| table | methods, by mean held-out difference from `grpo` (the screen: from `pcl`) | seeds (the screen: "
+             "builds) | proxy | its order | tau-b of the methods' order [95% bootstrap over seeds] | mean tau-b per "
+             "seed [95% t] |", "|---|---|---|---|---|---|---|"]
+    for name in (*TABLES, "posterior-screen"):
+        report = None if name == "posterior-screen" else json.loads((STUDIES / name / "compare.json").read_text())
         for proxy in PROXIES:
-            methods, held, signal = table_values(report, proxy)
+            methods, held, signal = screen_values(proxy) if report is None else table_values(report, proxy)
             r = ranks(held, signal)
             by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
             by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]
