@@ -264,9 +264,9 @@ def offer_branches(method: MethodPreset, tree_of: dict[int, Tree], seen: Seen, p
         empty = np.zeros(0)
         return Branches(empty.astype(np.int64), empty.astype(np.int64), empty, empty.astype(np.int64), empty)
     keys = [(i, node) for i, ids, _ in found for node in ids]
-    todo = [key for key in keys if key not in predicted]
-    if todo:
-        predicted.update(zip(todo, np.asarray(predict([tree_of[i].history(y) for i, y in todo]), dtype=float)))
+    unseen = [key for key in keys if key not in predicted]
+    if unseen:
+        predicted.update(zip(unseen, np.asarray(predict([tree_of[i].history(y) for i, y in unseen]), dtype=float)))
     drawn = np.array([drawn_from(tree_of[i], y) for i, y in keys], dtype=np.int64).reshape(-1, 2)
     return Branches(prompt=np.concatenate([np.full(len(ids), i, dtype=np.int64) for i, ids, _ in found]),
                     node=np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in found]),
