@@ -91,27 +91,34 @@ def test_a_mixed_tree_is_never_branched_and_is_what_it_keeps():
     assert list(sampler.keep({0: "tree0", 1: "tree1"}, seen, np.random.default_rng(0))) == [0]
 
 
-class Unoffered:
-    """A branching sampler that grants a continuation from a prefix it was not shown."""
+def bad_sampler(second_round):
+    """A branching sampler whose first round samples prompt 0 fresh and whose second grants `second_round(seen)`."""
 
-    branches = True
+    class Bad:
+        branches = True
 
-    def __init__(self, config):
-        pass
+        def __init__(self, config):
+            pass
 
-    def grants(self, seen, rng):
-        return Round(np.zeros(len(seen.p), dtype=np.int64), [(0, 99, 1)]) if seen.round_index else \
-            Round(np.array([2] + [0] * (len(seen.p) - 1)), [])
+        def grants(self, seen, rng):
+            return Round(np.zeros(len(seen.p), dtype=np.int64), second_round(seen)) if seen.round_index else \
+                Round(np.array([2] + [0] * (len(seen.p) - 1)), [])
+
+    return Bad
 
 
-def test_a_continuation_from_a_prefix_not_offered_is_refused(monkeypatch):
+@pytest.mark.parametrize("second_round, error", [
+    (lambda seen: [(0, 99, 1)], "not offered"),
+    (lambda seen: [(int(seen.branches.prompt[0]), int(seen.branches.node[0]), 0)], "whole number >= 1"),
+], ids=["unoffered prefix", "zero continuations"])
+def test_a_continuation_grant_growth_did_not_offer_is_refused(monkeypatch, second_round, error):
     from tracerl.core.simulator import SimConfig, Simulator
 
-    monkeypatch.setitem(ROUND_SAMPLERS, "posterior_tree", Unoffered)
+    monkeypatch.setitem(ROUND_SAMPLERS, "posterior_tree", bad_sampler(second_round))
     cfg = AllocationConfig(num_prompts=4, rollouts_per_prompt=4)
     sim = Simulator(SimConfig(num_prompts=64), seed=0)
     prices = make_prices(cfg)
-    with pytest.raises(ValueError, match="not offered"):
+    with pytest.raises(ValueError, match=error):
         grow_trees(get_method("posterior-tree"), cfg, sim.set_pool(np.arange(cfg.pool_size)), lambda hs: np.full(
             len(hs), 0.5), sim, prices.ledger(), np.random.default_rng(0), prices)
 

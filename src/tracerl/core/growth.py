@@ -293,6 +293,9 @@ def charge_branches(branches: list[tuple[int, int, int]], tree_of: dict[int, Tre
     unknown = [(i, y) for i, y, _ in branches if (i, y) not in price]
     if unknown:
         raise ValueError(f"round sampler {reason!r} granted continuations from prefixes it was not offered: {unknown}")
+    if any(int(k) != k or k < 1 for _, _, k in branches):
+        raise ValueError(f"round sampler {reason!r} granted {[k for _, _, k in branches]} continuations; each grant "
+                         "must be a whole number >= 1")
     ledger.charge(ledger.rollout_units(sum(k for _, _, k in branches), continuation=True), kind="prefix",
                   cost=sum(k * price[(i, y)] for i, y, k in branches))
     p_of = {(int(i), int(y)): float(p) for i, y, p in zip(offered.prompt, offered.node, offered.p)}
