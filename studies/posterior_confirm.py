@@ -51,7 +51,7 @@ GOAL_SHARE = 0.70  # of grpo's sampled tokens, to reach grpo's final held-out su
 
 
 def read(root: Path) -> dict[int, dict]:
-    """Every build under `root` whose four methods all finished, as the screen reads one (`posterior_screen.per_build`:
+    """Every build under `root` whose six methods all finished, as the screen reads one (`posterior_screen.per_build`:
     differences from `pcl` and their standard errors over questions, in points)."""
     rows = posterior_screen.read(root, NEEDED)
     for k, row in rows.items():

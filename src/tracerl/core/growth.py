@@ -235,9 +235,9 @@ def grow_in_rounds(method: MethodPreset, config: AllocationConfig, p_pool: np.nd
             ledger.charge_tokens(branch_tokens, kind="prefix")
         rounds.append((int(grants.sum()) + sum(k for _, _, k in branches), int(tokens + branch_tokens)))
         for i in {int(i) for i in np.flatnonzero(grants)} | {i for i, _, _ in branches}:  # prompts with new leaves
-            tree = tree_of[i]
-            rewards = [tree.nodes[leaf].reward for leaf in tree.leaves()]
-            fresh = [r for leaf, r in zip(tree.leaves(), rewards) if tree.nodes[leaf].anchor_id == 0]
+            leaves = [tree_of[i].nodes[leaf] for leaf in tree_of[i].leaves()]
+            rewards = [leaf.reward for leaf in leaves]
+            fresh = [leaf.reward for leaf in leaves if leaf.anchor_id == 0]
             seen.rollouts[i], seen.successes[i] = len(fresh), sum(r > 0.5 for r in fresh)
             seen.tree_mixed[i] = any(r > 0.5 for r in rewards) and not all(r > 0.5 for r in rewards)
     selected = np.array(sorted(tree_of), dtype=np.int64)

@@ -338,6 +338,22 @@ def posterior_ratio(a: np.ndarray, b: np.ndarray, rollouts: np.ndarray, successe
     return block, ratio, after
 
 
+def buy_best_first(ratio: np.ndarray, price: np.ndarray, after: np.ndarray, seen: Seen) -> list[int]:
+    """The prompts whose blocks a round buys: best `ratio` first (ties in the data loader's order, `seen.order`), each
+    while the budget left pays its `price` and the expected costs `after` of it and of every block bought before it;
+    none with a ratio of 0 or less."""
+    rank = np.empty(len(ratio), dtype=np.int64)
+    rank[seen.order] = np.arange(len(ratio))
+    bought, left, reserved = [], seen.budget_left, 0.0
+    for i in np.lexsort((rank, -ratio)):
+        if ratio[i] <= 0:
+            break
+        if price[i] + reserved + after[i] <= left + 1e-9:
+            bought.append(int(i))
+            left, reserved = left - price[i], reserved + after[i]
+    return bought
+
+
 class PosteriorScreening(RoundSampler):
     """Screening in rounds by posterior value per expected cost (ours; docs/allocation.md): each prompt's success
     probability starts as Beta(kappa p, kappa (1 - p)) around the predictor's p (kappa = `prior_strength`) and is
@@ -357,15 +373,9 @@ class PosteriorScreening(RoundSampler):
         p = np.clip(seen.p, 0.01, 0.99)
         block, ratio, after = posterior_ratio(self.kappa * p, self.kappa * (1 - p), seen.rollouts, seen.successes,
                                               self.n, self.probe, seen.cost)
-        rank = np.empty(len(p), dtype=np.int64)
-        rank[seen.order] = np.arange(len(p))  # ties go to the data loader's order
-        out, left, reserved = np.zeros(len(p), dtype=np.int64), seen.budget_left, 0.0
-        for i in np.lexsort((rank, -ratio)):
-            if ratio[i] <= 0:
-                break
-            price = block[i] * seen.cost[i]
-            if price + reserved + after[i] <= left + 1e-9:
-                out[i], left, reserved = block[i], left - price, reserved + after[i]
+        out = np.zeros(len(p), dtype=np.int64)
+        bought = buy_best_first(ratio, block * seen.cost, after, seen)
+        out[bought] = block[bought]
         return out
 
     def keep(self, trees: dict[int, Tree], seen: Seen, rng: np.random.Generator) -> dict[int, Tree]:
@@ -418,19 +428,12 @@ class PosteriorTree(PosteriorScreening):
                 if b_ratio[y] > ratio[i] and branch_at[i] < 0 and not seen.tree_mixed[i]:
                     branch_at[i], ratio[i], after[i] = y, b_ratio[y], b_after[y]
                     price[i] = self.probe * found.cost[y]
-        rank = np.empty(len(p), dtype=np.int64)
-        rank[seen.order] = np.arange(len(p))
         out, branched = np.zeros(len(p), dtype=np.int64), []
-        left, reserved = seen.budget_left, 0.0
-        for i in np.lexsort((rank, -ratio)):
-            if ratio[i] <= 0:
-                break
-            if price[i] + reserved + after[i] <= left + 1e-9:
-                left, reserved = left - price[i], reserved + after[i]
-                if branch_at[i] >= 0:
-                    branched.append((int(i), int(found.node[branch_at[i]]), self.probe))
-                else:
-                    out[i] = block[i]
+        for i in buy_best_first(ratio, price, after, seen):
+            if branch_at[i] >= 0:
+                branched.append((i, int(found.node[branch_at[i]]), self.probe))
+            else:
+                out[i] = block[i]
         return Round(out, branched)
 
     def keep(self, trees: dict[int, Tree], seen: Seen, rng: np.random.Generator) -> dict[int, Tree]:
