@@ -257,10 +257,30 @@ def test_run_provenance_is_written_once_and_names_the_weights(built, tmp_path):
     record = run_provenance(policy.model, source=str(policy.path))
     assert record["weights_sha256"] == policy.weights_hash() and record["source"] == str(policy.path)
     assert record["torch"] == torch.__version__ and record["num_cpus"] >= 1 and record["cpu"]
+    assert record["code_sha256"] == embedded.source_hash() and record["tracerl"]
     path = write_provenance(tmp_path / "run", record)
     assert path == tmp_path / "run" / PROVENANCE_FILE
     write_provenance(tmp_path / "run", {**record, "weights_sha256": "other"})  # a resumed run keeps the first record
     assert json.loads(path.read_text()) == record
+
+
+def test_the_source_hash_names_the_code_not_where_it_lies(tmp_path):
+    installed = Path(embedded.__file__).resolve().parent.parent
+    copy = tmp_path / "copy" / "tracerl"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert embedded.source_hash(copy) == embedded.source_hash()
+    (copy / "core" / "__pycache__").mkdir(exist_ok=True)
+    (copy / "core" / "__pycache__" / "samplers.cpython-311.pyc").write_bytes(b"compiled")
+    assert embedded.source_hash(copy) == embedded.source_hash()  # compiled files are not the code
+    edited = tmp_path / "edited" / "tracerl"
+    shutil.copytree(copy, edited)
+    module = edited / "core" / "samplers.py"
+    module.write_text(module.read_text().replace("budget", "budgeT", 1))
+    assert embedded.source_hash(edited) != embedded.source_hash()
+    moved = tmp_path / "moved" / "tracerl"
+    shutil.copytree(copy, moved)
+    (moved / "core" / "samplers.py").rename(moved / "core" / "samplers2.py")
+    assert embedded.source_hash(moved) != embedded.source_hash()
 
 
 def test_a_field_added_later_keeps_the_names_of_builds_made_before_it():

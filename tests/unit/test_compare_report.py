@@ -148,6 +148,25 @@ def test_runs_without_provenance_are_counted_as_unchecked(tmp_path):
     assert "1 run(s) recorded none (unchecked)" in report
 
 
+def test_the_code_each_run_recorded_is_stated_and_a_table_across_a_code_change_says_so(tmp_path):
+    for seed, label in ((0, "grpo"), (0, "trace"), (1, "grpo"), (1, "trace")):
+        write_run(tmp_path, label, seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100, weights="a" * 64)
+        record = tmp_path / run_dir_name(label, seed) / "provenance.json"
+        code = "c" * 64 if (seed, label) != (1, "trace") else "d" * 64
+        record.write_text(json.dumps({**json.loads(record.read_text()), "code_sha256": code}))
+    one = write_report(tmp_path, ["grpo", "trace"], [0], "grpo", "cmd")
+    assert "Code: tracerl source sha256 cccccccccccccccc in 2 run(s)." in one
+    both = write_report(tmp_path, ["grpo", "trace"], [0, 1], "grpo", "cmd")
+    assert ("Code: 2 different tracerl sources (cccccccccccccccc in 3 run(s); dddddddddddddddd in 1 run(s)): the "
+            "pairs compare code as well as methods.") in both
+
+
+def test_runs_from_before_code_was_recorded_add_no_code_sentence(tmp_path):
+    write_run(tmp_path, "grpo", 0, {0: [0.2] * 2, 2: [0.4] * 2}, 100, weights="a" * 64)
+    write_run(tmp_path, "trace", 0, {0: [0.2] * 2, 2: [0.5] * 2}, 100, weights="a" * 64)
+    assert "Code:" not in write_report(tmp_path, ["grpo", "trace"], [0], "grpo", "cmd")
+
+
 def test_the_share_is_the_mean_of_per_seed_shares_not_read_off_the_mean_curve(tmp_path):
     """Seed 0: trace reaches grpo's final 0.4 at half grpo's tokens; seed 1 at all of them. Per seed that is 0.5
     and 1.0, mean 0.75. The seed-mean curve (0.2, 0.35, 0.425) would cross 0.4 at 333 tokens: a share of 0.83."""

@@ -177,7 +177,7 @@ def test_a_run_folder_holding_a_symlinked_provenance_or_report_is_refused(tmp_pa
     other = _other_run(tmp_path)
     before = _snapshot(other)
     run = _run_linking(tmp_path, "provenance.json", other / METRICS_FILE)
-    from tracerl.report.compare import read_provenance
+    from tracerl.report.provenance import read_provenance
 
     with pytest.raises(OutsideRun, match="provenance.json"):
         read_provenance(run)

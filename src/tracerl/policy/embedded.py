@@ -31,17 +31,17 @@ all-success. The first shipped build (2-4 hops, 10% noise, 8 turns, every questi
 `configs/multihop-easy.toml`. `metrics.json` records what a build measured; the default took 318 s with one
 thread on a 2-core machine shared with another build, and scored 52.3% ± 5.9% on 64 held-out questions x 4.
 
-Naming a policy: the cache folder is named by the config (`EmbeddedConfig.key`), but what a run starts from is
-named by its weights: `weights_hash(model)` is the SHA-256 of the state dict's tensors in a canonical order, recorded
-in `metrics.json` (`build/weights_sha256`) and by every run (`run_provenance`, written to `<run>/provenance.json`
-with the torch version and the machine). The build runs on one torch thread whatever the caller set (restored
-after), so its weights cannot depend on the caller's thread count: on a 16-core Intel Xeon, 1, 4 and 16 build
-threads gave three different weights for one config, and builds at 1 and at 16 threads repeated bit for bit (on the
-2-core AMD machine 1 and 2 threads gave the same). They also depend on the machine or the torch version: the same
-configs built there and on the 2-core machine matched in no case (the two differ in CPU, torch 2.11 against 2.13, and
-Python, so which of these is not known; benchmarks/results/gpu-h200/build-portability-2026-11-27/). And they
-depend on code changes that did not bump BUILD_VERSION. So a build is reproducible on one machine and torch version,
-a cached build is loaded as is, and `tracerl compare` refuses to pair runs whose starting weights differ.
+Naming a policy: the cache folder is named by the config (`EmbeddedConfig.key`), but what a run starts from is named
+by its weights: `weights_hash(model)` is the SHA-256 of the state dict's tensors in a canonical order, recorded in
+`metrics.json` (`build/weights_sha256`) and by every run (`run_provenance`, written to `<run>/provenance.json` with
+the code's hash, the torch version and the machine). The build runs on one torch thread whatever the caller set
+(restored after), so its weights cannot depend on the caller's thread count: on a 16-core Intel Xeon, 1, 4 and 16
+build threads gave three different weights for one config, and builds at 1 and at 16 threads repeated bit for bit
+(on the 2-core AMD machine 1 and 2 threads gave the same). They also depend on the machine or the torch version: the
+same configs built there and on the 2-core machine matched in no case (the two differ in CPU, torch 2.11 against
+2.13, and Python, so which of these is not known; benchmarks/results/gpu-h200/build-portability-2026-11-27/). And
+they depend on code changes that did not bump BUILD_VERSION. So a build is reproducible on one machine and torch
+version, a cached build is loaded as is, and `tracerl compare` refuses to pair runs whose starting weights differ.
 
 It does not do RL or load real checkpoints or tokenizers (`TransformersEngine.from_pretrained` does).
 """
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -130,11 +131,27 @@ def machine_description() -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+@functools.cache
+def source_hash(package: Path | None = None) -> str:
+    """SHA-256 (hex) of tracerl's own code as imported (or of the package folder `package`): every `.py` file of it,
+    by its path inside the package and its bytes, in sorted path order. Equal hashes mean the same code, installed or
+    checked out; compiled files, data and the folder's location do not enter it."""
+    package = Path(__file__).resolve().parent.parent if package is None else Path(package)
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(f"{path.relative_to(package).as_posix()}|{path.stat().st_size}|".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def run_provenance(model: torch.nn.Module | dict[str, torch.Tensor], source: str = "") -> dict[str, Any]:
     """What a run starts from: the weights hash (`weights_hash` of the weights a sampler would load; with LoRA the
     merged weights, equal to the base model's at step 0), where they came from (`source`: a cache folder, a model
-    directory) and the machine (`machine_description`)."""
-    return {"weights_sha256": weights_hash(model), "source": str(source), **machine_description()}
+    directory), the code that runs (`source_hash`, with tracerl's version) and the machine (`machine_description`)."""
+    from tracerl import __version__
+
+    return {"weights_sha256": weights_hash(model), "source": str(source), "tracerl": __version__,
+            "code_sha256": source_hash(), **machine_description()}
 
 
 def write_provenance(run_dir: str | Path, provenance: dict[str, Any]) -> Path:

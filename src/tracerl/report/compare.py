@@ -25,9 +25,8 @@ per-step budget, data order and held-out questions. This module only reads those
   informative samples per unit per step.
 
 Only seeds whose runs exist for every method and reached the same last step are read, so a comparison still
-running (or stopped part-way) reports what is complete. Runs whose starting weights differ (`provenance.json`,
-written by `tracerl.policy.embedded.write_provenance`) are refused with their names: their differences would
-mix the methods with the builds.
+running (or stopped part-way) reports what is complete. Runs whose starting weights differ are refused with their
+names, and the code and machines the runs recorded are stated (`tracerl.report.provenance`).
 
 Deliberately not here: training (`tracerl.train.compare`).
 """
@@ -57,13 +56,13 @@ from tracerl.core.stats import (
 from tracerl.io.files import read_utf8
 from tracerl.io.files.run_folder import run_path
 from tracerl.io.files.runlog import finished_run, read_metrics, read_trees
+from tracerl.report.provenance import check_same_weights, provenance_sentence, read_provenance
 
 Say = Callable[[str], None]
 INFORMATIVE = ("informative_units_per_unit", "informative_sampled_tokens_per_token",  # priced: these lead
                "informative_rollouts_per_budget", "informative_rollouts_per_ktoken", "informative_tokens_per_token")
 ALLOCATION = ("effective_ratio", "mixed_trees_per_budget")
 SIGNAL_DIFFS = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
-PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer above torch's)
 TARGET_POINT_SE = 0.025  # the standard error of one evaluation point the report sizes the question count for
 NUM_RESAMPLES = 2000  # bootstrap resamples per interval
 
@@ -92,35 +91,6 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     if run["train"] and "alloc/informative_units_per_unit" not in run["train"][-1]:
         _informative_from_trees(run_dir, run["train"])
     return run
-
-
-def read_provenance(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `provenance.json` (starting weights hash, torch version, machine), or None for a run without one."""
-    path = run_path(run_dir, PROVENANCE_FILE)  # a symlink there is refused, not read as this run's record
-    return json.loads(read_utf8(path)) if path.exists() else None
-
-
-def check_same_weights(runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """Refuse runs that start from different weights, naming them; say how many runs recorded none.
-
-    Returns {"weights_sha256": the shared hash or None, "num_unrecorded": runs without provenance, "machines": the
-    distinct (torch, cpu, gpu) the runs recorded}."""
-    by_hash: dict[str, list[str]] = {}
-    unrecorded, machines = 0, set()
-    for seed_runs in runs.values():
-        for run in seed_runs:
-            record = run.get("provenance")
-            if not record:
-                unrecorded += 1
-                continue
-            by_hash.setdefault(record["weights_sha256"], []).append(run["name"])
-            machines.add((record.get("torch"), record.get("cpu"), record.get("gpu")))
-    if len(by_hash) > 1:
-        groups = "; ".join(f"{h[:16]}: {', '.join(sorted(names))}" for h, names in sorted(by_hash.items()))
-        raise ValueError(f"the runs start from {len(by_hash)} different weights ({groups}); a comparison pairs runs "
-                         "of one starting policy: train every entry and seed from the same build")
-    return {"weights_sha256": next(iter(by_hash), None), "num_unrecorded": unrecorded,
-            "machines": [list(m) for m in sorted(machines, key=str)]}
 
 
 def _informative_from_trees(run_dir: Path, train: list[dict[str, Any]]) -> None:
@@ -418,14 +388,8 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
     any_row = next(iter(methods.values()))
     lines = [f"Held-out success (avg@k) on the same {any_row['num_questions']} questions per seed for every method, "
              f"{any_row['seeds']} seed(s) ({', '.join(map(str, summary['seeds']))}), {_steps(methods)}.", ""]
-    weights = summary.get("weights")
-    if weights:
-        recorded = "every run" if not weights["num_unrecorded"] else \
-            f"{weights['num_unrecorded']} run(s) recorded none (unchecked); the others"
-        lines += ["Starting weights: " + (f"{recorded} started from sha256 {weights['weights_sha256'][:16]}"
-                                          if weights["weights_sha256"] else "not recorded by any run (unchecked)")
-                  + "".join(f"; torch {t}, {c}" + (f", {g}" if g else "") for t, c, g in weights["machines"]) + ".",
-                  ""]
+    if summary.get("weights"):
+        lines += [provenance_sentence(summary["weights"]), ""]
     if summary["regime"]:
         shares = {k: np.mean([r[k] for r in summary["regime"]]) for k in ("all_fail", "mixed", "all_success")}
         num = sum(r["num_prompts"] for r in summary["regime"])
