@@ -42,12 +42,12 @@ def per_build(report: dict) -> dict:
             "tokens": {m: r["tokens"] for m, r in methods.items()}}
 
 
-def read(root: Path, needed: tuple[str, ...] = COMPARATORS) -> dict[int, dict]:
-    """Every `build<k>/compare.json` under `root` in which all of `needed` finished (a build still training is left
+def read(root: Path, needed: tuple[str, ...] = COMPARATORS, report_name: str = "compare.json") -> dict[int, dict]:
+    """Every `build<k>/<report_name>` under `root` in which all of `needed` finished (a build still training is left
     out), by build seed."""
     rows = {}
     for folder in sorted(root.glob("build*"), key=lambda p: int(p.name[5:])):
-        report = folder / "compare.json"
+        report = folder / report_name
         summary = json.loads(report.read_text()) if report.exists() else None
         if summary and all(m in summary["methods"] for m in needed):
             rows[int(folder.name[5:])] = per_build(summary)

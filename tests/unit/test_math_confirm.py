@@ -1,0 +1,106 @@
+"""studies/math_confirm.py and studies/math_confirm.sh: the registered reading of math's confirmatory table over builds,
+held to hand-computed tables of synthetic build reports (the real table's reports are not read here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import load_study_script
+
+confirm = load_study_script("math_confirm")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_build(root, k: int, minus_grpo: dict[str, float], minus_pcl: dict[str, float], se: float = 0.5,
+                methods=confirm.METHODS, reports=("grpo", "pcl")) -> None:
+    """Build k's two reports as `tracerl compare` writes them (differences in points against `grpo` and against
+    `pcl`, each with its paired standard error over questions)."""
+    for base, diffs in (("grpo", minus_grpo), ("pcl", minus_pcl)):
+        if base not in reports:
+            continue
+        rows = {m: {"success_before": 0.4, "success_after": 0.45 + diffs.get(m, 0.0) / 100, "tokens": 190_000 + k,
+                    "diff_at_equal_tokens": {"mean": diffs.get(m, 0.0) / 100, "se": 0.0 if m == base else se / 100,
+                                             "lo": 0.0, "hi": 0.0}}
+                for m in methods}
+        folder = root / f"build{k}" / f"vs-{base}"
+        folder.mkdir(parents=True)
+        (folder / "compare.json").write_text(json.dumps({"methods": rows,
+                                                         "weights": {"weights_sha256": f"{k}" * 64}}))
+
+
+def swing(centre: float, width: float, k: int) -> float:
+    return centre + (width if k % 2 else -width)
+
+
+def test_the_reading_holds_to_the_hand_computed_table(tmp_path, monkeypatch):
+    """Six builds: `trace` - `grpo` = 1.0 +- 0.2 (p far below 0.025: established without function calling's p);
+    `posterior` - `pcl` = 0.3 +- 0.1 and `knapsack_rl` - `pcl` = 0.3 -+ 0.1, so `posterior` - `knapsack_rl` =
+    +-0.2 about 0, its interval below +0.5: refuted; plus a build whose `posterior` has not finished and one with
+    only its report against `grpo` written, both left out."""
+    for k in range(1, 7):
+        write_build(tmp_path, k, {"trace": swing(1.0, 0.2, k)},
+                    {"posterior": swing(0.3, 0.1, k), "knapsack_rl": swing(0.3, -0.1, k), "trace": 2.0})
+    write_build(tmp_path, 7, {"trace": 9.0}, {"posterior": 9.0}, methods=confirm.METHODS[:-1])
+    write_build(tmp_path, 8, {"trace": 9.0}, {"posterior": 9.0}, reports=("grpo",))
+    tables = confirm.read(tmp_path)
+    assert list(tables["grpo"]) == list(tables["pcl"]) == [1, 2, 3, 4, 5, 6]
+    half = 2.571 / math.sqrt(6)  # t(5) at 97.5% over sqrt(n)
+    item = confirm.registered(tables["grpo"], None)
+    assert item["est"].mean == pytest.approx(1.0)
+    assert item["est"].hi - 1.0 == pytest.approx(half * 0.2 * math.sqrt(6 / 5), rel=1e-3)
+    assert item["p_holm_bounds"] == pytest.approx((item["est"].p_value, 2 * item["est"].p_value))
+    assert item["verdict"] == "established" and item["question_se"] == pytest.approx(0.5)
+    over_pcl, over_knapsack = confirm.posterior_confirm.read_family(tables["pcl"], confirm.PRIMARIES)
+    assert over_pcl["est"].mean == pytest.approx(0.3) and over_pcl["verdict"] == "established"
+    assert over_knapsack["est"].mean == pytest.approx(0.0, abs=1e-12)
+    assert over_knapsack["est"].hi == pytest.approx(half * 0.2 * math.sqrt(6 / 5), rel=1e-3)
+    assert over_knapsack["verdict"] == "refuted" and over_knapsack["question_se"] == pytest.approx(math.hypot(.5, .5))
+    text = confirm.to_markdown(tables)
+    assert "of the planned not yet fixed" in text and "**An interim look: it decides nothing.**" in text
+    assert "| interim |" in text and "| established |" not in text  # no verdict before B is fixed
+    monkeypatch.setattr(confirm, "PLANNED_BUILDS", 6)
+    text = confirm.to_markdown(tables)
+    assert "interim" not in text and "| `trace` - `grpo` | `grpo`'s final tokens | +1.00 [" in text
+    assert "| 3 | `333333333333` | 40.0% | `posterior` | 45.4% | 190,003 | +0.00 (0.50) | +0.40 (0.50) |" in text
+
+
+@pytest.fixture
+def near_the_line(tmp_path):
+    """Six builds of `trace` - `grpo` = 1.0 +- 0.81: t = 1 / (0.81 sqrt(6/5) / sqrt(6)) = 2.76 on 5 degrees of
+    freedom, p about 0.04: significant alone, not after doubling."""
+    for k in range(1, 7):
+        write_build(tmp_path, k, {"trace": swing(1.0, 0.81, k)}, {})
+    rows = confirm.read(tmp_path)["grpo"]
+    p = confirm.posterior_confirm.read_family(rows, confirm.REGISTERED)[0]["est"].p_value
+    assert 0.025 < p <= 0.05  # the case this fixture is for
+    return rows, p
+
+
+def test_a_registered_p_between_the_holm_bounds_waits_on_function_callings(near_the_line):
+    rows, p = near_the_line
+    assert confirm.registered(rows, None)["verdict"] == "waits on function calling's p"
+    smaller = confirm.registered(rows, funcall_p=0.001)  # function calling's is rejected first: math's at level 0.05
+    assert smaller["p_holm_bounds"] == pytest.approx((p, p)) and smaller["verdict"] == "established"
+    larger = confirm.registered(rows, funcall_p=0.5)  # math's is the smaller: held to 0.025
+    assert larger["p_holm_bounds"] == pytest.approx((2 * p, 2 * p)) and larger["verdict"] == "unresolved"
+
+
+def test_the_reader_refuses_fewer_than_two_builds_and_a_p_outside_0_1(tmp_path, capsys):
+    write_build(tmp_path, 1, {"trace": 1.0}, {})
+    assert confirm.main([str(tmp_path)]) == 1
+    assert "an interval over builds needs two" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        confirm.main([str(tmp_path), "--funcall-p", "1.5"])
+    assert "a p-value lies in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_runner_refuses_an_evaluation_below_the_registered_floor_before_it_builds_anything(tmp_path):
+    done = subprocess.run(["bash", str(ROOT / "studies" / "math_confirm.sh"), "1", "256", "4"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "below amendment 13's floor of 512 questions x 4 samples" in done.stderr
+    assert not (ROOT / "runs" / "math-confirm").exists()
