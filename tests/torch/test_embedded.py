@@ -264,6 +264,19 @@ def test_run_provenance_is_written_once_and_names_the_weights(built, tmp_path):
     assert json.loads(path.read_text()) == record
 
 
+def test_a_run_resumed_under_other_code_adds_that_codes_hash_once(tmp_path):
+    run = tmp_path / "run"
+    embedded.note_resumed_code(run)
+    assert not run.exists()  # no record: nothing is written
+    path = write_provenance(run, {"weights_sha256": "w" * 64, "code_sha256": embedded.source_hash()})
+    embedded.note_resumed_code(run)
+    assert "code_sha256_resumed" not in json.loads(path.read_text())  # resumed under the code it started with
+    path.write_text(json.dumps({"weights_sha256": "w" * 64, "code_sha256": "old" * 21}))
+    for _ in range(2):
+        embedded.note_resumed_code(run)
+    assert json.loads(path.read_text())["code_sha256_resumed"] == [embedded.source_hash()]
+
+
 def test_the_source_hash_names_the_code_not_where_it_lies(tmp_path):
     installed = Path(embedded.__file__).resolve().parent.parent
     copy = tmp_path / "copy" / "tracerl"

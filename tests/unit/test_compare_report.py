@@ -152,12 +152,13 @@ def test_the_code_each_run_recorded_is_stated_and_a_table_across_a_code_change_s
     for seed, label in ((0, "grpo"), (0, "trace"), (1, "grpo"), (1, "trace")):
         write_run(tmp_path, label, seed, {0: [0.2] * 2, 2: [0.4] * 2}, 100, weights="a" * 64)
         record = tmp_path / run_dir_name(label, seed) / "provenance.json"
-        code = "c" * 64 if (seed, label) != (1, "trace") else "d" * 64
-        record.write_text(json.dumps({**json.loads(record.read_text()), "code_sha256": code}))
+        code = {"code_sha256": "c" * 64} if (seed, label) != (1, "trace") else \
+            {"code_sha256": "c" * 64, "code_sha256_resumed": ["d" * 64]}  # resumed under other code
+        record.write_text(json.dumps({**json.loads(record.read_text()), **code}))
     one = write_report(tmp_path, ["grpo", "trace"], [0], "grpo", "cmd")
     assert "Code: tracerl source sha256 cccccccccccccccc in 2 run(s)." in one
     both = write_report(tmp_path, ["grpo", "trace"], [0, 1], "grpo", "cmd")
-    assert ("Code: 2 different tracerl sources (cccccccccccccccc in 3 run(s); dddddddddddddddd in 1 run(s)): the "
+    assert ("Code: 2 different tracerl sources (cccccccccccccccc in 4 run(s); dddddddddddddddd in 1 run(s)): the "
             "pairs compare code as well as methods.") in both
 
 

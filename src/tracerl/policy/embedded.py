@@ -163,6 +163,19 @@ def write_provenance(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
     return path
 
 
+def note_resumed_code(run_dir: str | Path) -> None:
+    """A run resumed under other code than the code it started or was resumed under: that code's hash (`source_hash`)
+    joins the record's `code_sha256_resumed`, so a run whose steps ran two versions of the code says so."""
+    path = run_path(run_dir, PROVENANCE_FILE)
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    code, resumed = source_hash(), record.get("code_sha256_resumed", [])
+    if code != record.get("code_sha256") and code not in resumed:
+        record["code_sha256_resumed"] = [*resumed, code]
+        write_atomic(path, json.dumps(record, indent=1).encode())
+
+
 def default_cache_dir() -> Path:
     """$TRACERL_CACHE, else ~/.cache/tracerl."""
     return Path(os.environ.get("TRACERL_CACHE") or Path.home() / ".cache" / "tracerl")

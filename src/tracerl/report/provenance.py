@@ -28,8 +28,8 @@ def check_same_weights(runs: dict[str, list[dict]]) -> dict[str, Any]:
     """Refuse runs that start from different weights, naming them; say how many runs recorded none.
 
     Returns {"weights_sha256": the shared hash or None, "num_unrecorded": runs without provenance, "machines": the
-    distinct (torch, cpu, gpu) the runs recorded, "code": {tracerl source hash: runs that recorded it}}. Runs of
-    different code are paired, and the report says so."""
+    distinct (torch, cpu, gpu) the runs recorded, "code": {tracerl source hash: runs that ran it, at the start or
+    after a resume}}. Runs of different code are paired, and the report says so."""
     by_hash: dict[str, list[str]] = {}
     code: dict[str, int] = {}
     unrecorded, machines = 0, set()
@@ -41,8 +41,8 @@ def check_same_weights(runs: dict[str, list[dict]]) -> dict[str, Any]:
                 continue
             by_hash.setdefault(record["weights_sha256"], []).append(run["name"])
             machines.add((record.get("torch"), record.get("cpu"), record.get("gpu")))
-            if record.get("code_sha256"):
-                code[record["code_sha256"]] = code.get(record["code_sha256"], 0) + 1
+            for sha in {record.get("code_sha256"), *record.get("code_sha256_resumed", [])} - {None}:
+                code[sha] = code.get(sha, 0) + 1  # a run resumed under other code counts under each
     if len(by_hash) > 1:
         groups = "; ".join(f"{h[:16]}: {', '.join(sorted(names))}" for h, names in sorted(by_hash.items()))
         raise ValueError(f"the runs start from {len(by_hash)} different weights ({groups}); a comparison pairs runs "

@@ -50,7 +50,7 @@ from tracerl.io.files.run_folder import replacing, run_path
 from tracerl.io.files.runlog import METRICS_FILE, RunLog, run_lock, write_rollouts, write_trees
 from tracerl.io.rollout.driver import ReActDriver, check_prompt_lengths
 from tracerl.io.rollout.engine import SamplingParams
-from tracerl.policy.embedded import run_provenance, write_provenance
+from tracerl.policy.embedded import note_resumed_code, run_provenance, write_provenance
 from tracerl.policy.evaluation import evaluate_rows
 from tracerl.train import checkpoint
 from tracerl.train.batch import packed_batch, rollout_batch
@@ -457,9 +457,11 @@ def record_provenance(run_dir: Path, model: torch.nn.Module, source: str) -> Non
     run that has not started yet; `tracerl compare` refuses to pair runs whose starting weights differ. With LoRA the
     merged weights (at step 0 the adapters add nothing, so every run of a build hashes the same). A run with metrics
     but no record started before records were kept: hashing its weights now would name the wrong ones, so it stays
-    without one."""
+    without one. A run resumed under other code adds that code's hash to its record (`note_resumed_code`)."""
     if not (Path(run_dir) / "metrics.jsonl").exists():
         write_provenance(run_dir, run_provenance(merged_state_dict(model), source=source))
+    else:
+        note_resumed_code(run_dir)
 
 
 def write_report(run_dir: Path, say: Say | None) -> str | None:
