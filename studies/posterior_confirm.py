@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
               "builds needs two", file=sys.stderr)
         return 1
     text = to_markdown(rows)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return posterior_screen.emit(text, args.out)
 
 
 if __name__ == "__main__":

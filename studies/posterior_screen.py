@@ -79,6 +79,14 @@ def to_markdown(rows: dict[int, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def emit(text: str, out: Path | None) -> int:
+    """Print a reading, and write it to `out` as well where one is named; 0, the exit status."""
+    print(text, end="")
+    if out:
+        out.write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the screen's runs (runs/posterior-screen)")
@@ -89,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no build under {args.root} has finished runs of {' and '.join(COMPARATORS)}", file=sys.stderr)
         return 1
     text = to_markdown(rows)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return emit(text, args.out)
 
 
 if __name__ == "__main__":

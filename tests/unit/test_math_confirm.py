@@ -104,3 +104,12 @@ def test_the_runner_refuses_an_evaluation_below_the_registered_floor_before_it_b
                           text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "below amendment 13's floor of 512 questions x 4 samples" in done.stderr
     assert not (ROOT / "runs" / "math-confirm").exists()
+
+
+def test_the_reader_prints_and_writes_the_same_reading(tmp_path, capsys):
+    for k in (1, 2, 3):
+        write_build(tmp_path, k, {"trace": swing(1.0, 0.5, k)}, {"posterior": 0.5})
+    out = tmp_path / "primary.md"
+    assert confirm.main([str(tmp_path), "--funcall-p", "0.01", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == out.read_text() == confirm.to_markdown(confirm.read(tmp_path), 0.01)
+    assert "bounded" not in out.read_text()  # function calling's p given: (a)'s Holm p is a value
