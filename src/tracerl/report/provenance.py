@@ -19,7 +19,7 @@ PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_
 
 
 def read_provenance(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `provenance.json` (starting weights hash, torch version, machine), or None for a run without one."""
+    """The run's `provenance.json` (weights and code hashes, torch version, machine), or None for a run without one."""
     path = run_path(run_dir, PROVENANCE_FILE)  # a symlink there is refused, not read as this run's record
     return json.loads(read_utf8(path)) if path.exists() else None
 
