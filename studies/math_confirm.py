@@ -33,12 +33,12 @@ from pathlib import Path
 
 from tracerl.core.stats import holm
 
-_here = Path(__file__).resolve().parent
-for _name in ("posterior_screen", "posterior_confirm"):  # studies/ is not a package
-    _spec = importlib.util.spec_from_file_location(_name, _here / f"{_name}.py")
-    sys.modules[_name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_name])
-posterior_screen, posterior_confirm = sys.modules["posterior_screen"], sys.modules["posterior_confirm"]
+_path = Path(__file__).resolve().parent / "posterior_confirm.py"
+_spec = importlib.util.spec_from_file_location("posterior_confirm", _path)
+posterior_confirm = importlib.util.module_from_spec(_spec)  # studies/ is not a package
+sys.modules["posterior_confirm"] = posterior_confirm
+_spec.loader.exec_module(posterior_confirm)
+posterior_screen = posterior_confirm.posterior_screen  # the one it loaded
 
 PLANNED_BUILDS: int | None = None  # B of amendment 13, appended there from the pilot before build 1 trains
 METHODS = ("grpo", "pcl", "trace", "knapsack_rl", "posterior")

@@ -139,8 +139,8 @@ def source_hash(package: Path | None = None) -> str:
     package = Path(__file__).resolve().parent.parent if package is None else Path(package)
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
-        digest.update(f"{path.relative_to(package).as_posix()}|{path.stat().st_size}|".encode())
-        digest.update(path.read_bytes())
+        data = path.read_bytes()
+        digest.update(f"{path.relative_to(package).as_posix()}|{len(data)}|".encode() + data)
     return digest.hexdigest()
 
 
