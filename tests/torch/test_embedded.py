@@ -17,12 +17,12 @@ pytest.importorskip("transformers")
 from helpers import BUILD_SEED, read_turns
 
 from tracerl.engines.transformers_engine import TransformersEngine
+from tracerl.io.files.runlog import PROVENANCE_FILE
 from tracerl.io.rollout.driver import ReActDriver
 from tracerl.io.rollout.engine import SamplingParams
 from tracerl.io.rollout.scripted_engine import ScriptedEngine
 from tracerl.policy import embedded
 from tracerl.policy.embedded import (
-    PROVENANCE_FILE,
     EmbeddedConfig,
     build_embedded,
     evaluate,

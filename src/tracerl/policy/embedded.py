@@ -74,6 +74,7 @@ from tracerl.io.domains.base import Domain
 from tracerl.io.domains.multihop import RELATIONS, MultiHopDomain, read_fact
 from tracerl.io.env import EpisodeError
 from tracerl.io.files.run_folder import run_path, write_atomic
+from tracerl.io.files.runlog import PROVENANCE_FILE
 from tracerl.io.rollout.chat import ChatRenderer
 from tracerl.io.rollout.driver import DriverLimits
 from tracerl.io.rollout.tokenizer import train_tokenizer
@@ -82,7 +83,6 @@ from tracerl.policy.evaluation import evaluate_rows
 
 BUILD_THREADS = 1  # torch threads of a build: a thread count can change float summation order, so the weights
 DOMAIN_BUILD_VERSION = 2  # in the key of a build for another domain than multihop: bump it when such builds change
-PROVENANCE_FILE = "provenance.json"  # in a run directory: `write_provenance`, read by the comparison report
 
 Progress = Callable[[str], None]
 

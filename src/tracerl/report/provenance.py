@@ -14,8 +14,7 @@ from typing import Any
 
 from tracerl.io.files import read_utf8
 from tracerl.io.files.run_folder import run_path
-
-PROVENANCE_FILE = "provenance.json"  # written by tracerl.policy.embedded.write_provenance (a layer above torch's)
+from tracerl.io.files.runlog import PROVENANCE_FILE
 
 
 def read_provenance(run_dir: Path) -> dict[str, Any] | None:

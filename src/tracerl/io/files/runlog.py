@@ -44,6 +44,7 @@ METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"  # <run>/.lock: held (flock) by the process training the run; it holds that process's pid
 TREES_DIR = "trees"  # <run>/trees/step-000012.json.gz: one step's pool and trees (see write_trees)
 ROLLOUTS_DIR = "rollouts"  # <run>/rollouts/step-000012.json: one step's rollouts in columns (see write_rollouts)
+PROVENANCE_FILE = "provenance.json"  # <run>/provenance.json: starting weights, code, machine (policy.embedded)
 
 
 def reached_stop(num_steps: int, total_token_budget: int, step: int, cum_tokens: float) -> bool:
