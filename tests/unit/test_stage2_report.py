@@ -114,6 +114,7 @@ def test_totals_agree_with_the_step_metrics():
         step = step_counts(trees, advantages, 6.0, 34, prices=prices,
                            raw_advantages=raw_advantages(estimator, trees, advantages, config))
         items = rollouts(trees, estimator, config, prices=prices)
+        assert rollouts(trees, estimator, config, prices=prices, advantages=advantages) == items  # the trainer's call
         assert sum(r.informative for r in items) == step["num_informative_rollouts"]
         assert sum(r.units for r in items if r.informative) == step["informative_units"]
         assert sum(r.sampled_tokens for r in items if r.informative) == step["num_informative_sampled_tokens"]

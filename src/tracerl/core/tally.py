@@ -22,7 +22,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from tracerl.core.advantages import AdvantageConfig, compute_advantages
+from tracerl.core.advantages import AdvantageConfig, TreeAdvantages, compute_advantages
 from tracerl.core.ledger import BudgetLedger
 from tracerl.core.metrics import raw_advantages
 from tracerl.core.tree import Tree
@@ -98,12 +98,13 @@ def _div(a: float, b: float) -> float:
 
 
 def rollouts(trees: Sequence[Tree], estimator: str, config: AdvantageConfig, prices: BudgetLedger,
-             atol: float = 1e-12) -> list[Rollout]:
+             atol: float = 1e-12, advantages: Sequence[TreeAdvantages] | None = None) -> list[Rollout]:
     """Every leaf of one step's `trees` as a `Rollout`, priced by `prices` (a ledger of the run's prices). Advantages
-    are the step metrics' own: `compute_advantages` of the run's estimator, then `raw_advantages` (its form before
-    batch whitening); a rollout is informative when any of its segments' values exceeds `atol` in size
-    (`tracerl.core.metrics.step_counts`' test)."""
-    advantages = compute_advantages(estimator, trees, config)
+    are the step metrics' own: `compute_advantages` of the run's estimator (or `advantages`, the step's, where the
+    caller has them), then `raw_advantages` (its form before batch whitening); a rollout is informative when any of
+    its segments' values exceeds `atol` in size (`tracerl.core.metrics.step_counts`' test)."""
+    if advantages is None:
+        advantages = compute_advantages(estimator, trees, config)
     raw = raw_advantages(estimator, trees, advantages, config)
     out = []
     for tree, adv in zip(trees, raw):

@@ -169,7 +169,7 @@ class Trainer:
                          for h, p, m in zip(step.pool, grown.p_pool, grown.root_counts)],
                 "trees": [tree.to_dict() for tree in trees]})
         write_rollouts(self.out, self.step + 1, to_columns(rollouts(  # a few kB: the stage-2 tables without trees
-            trees, self.method.advantage, cfg.advantages, ledger)))  # priced by the step's own ledger
+            trees, self.method.advantage, cfg.advantages, ledger, advantages=step.advantages)))  # the step's own
         metrics: dict[str, Any] = dict(step.metrics)
         # 2. the policy update
         t0 = time.perf_counter()
