@@ -13,8 +13,9 @@ methods only once it is shown to order them as held-out success at equal sampled
 
 A tau near +1 means the proxy orders methods as held-out success does. Tables: the two confirmatory tables (3
 methods), the samplers table (6 methods: `pilot_commit` is left out, it trains as `speed` does), the headroom pilot
-and the domain tables, one build each (a reading is the build's); and the posterior screen, whose five builds (one
-seed each, against `pcl`, 5 methods) stand where seeds stand, so its reading is over builds.
+and the domain tables, one build each (a reading is the build's); and the two tables read over builds, where builds
+(one seed each, against `pcl`) stand where seeds stand: the posterior screen (five builds, 5 methods) and the
+posterior confirmatory table (24 builds, 6 methods, its kept reports in `posterior-confirm/reports/`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tracerl.core.stats import seed_mean
 STUDIES = Path(__file__).resolve().parent
 TABLES = ("preregistered-headroom", "preregistered-default", "samplers-headroom", "preregistered-headroom-pilot",
           "domain-math", "domain-funcall", "domain-funcall-equal-tokens")
+OVER_BUILDS = {"posterior-screen": STUDIES / "posterior-screen",  # one seed a build: builds stand for seeds
+               "posterior-confirm": STUDIES / "posterior-confirm" / "reports"}
 PROXIES = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
 LEFT_OUT = {"pilot_commit"}  # trains as speed does at the shared screening size (studies/samplers-headroom/)
 RESAMPLES = 4000
@@ -83,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| table | methods, by mean held-out difference from `grpo` (the screen: from `pcl`) | seeds (the screen: "
              "builds) | proxy | its order | tau-b of the methods' order [95% bootstrap over seeds] | mean tau-b per "
              "seed [95% t] |", "|---|---|---|---|---|---|---|"]
-    for name in (*TABLES, "posterior-screen"):
-        report = None if name == "posterior-screen" else json.loads((STUDIES / name / "compare.json").read_text())
+    for name in (*TABLES, *OVER_BUILDS):
+        report = None if name in OVER_BUILDS else json.loads((STUDIES / name / "compare.json").read_text())
         for proxy in PROXIES:
-            methods, held, signal = screen_values(proxy) if report is None else table_values(report, proxy)
+            methods, held, signal = (screen_values(proxy, OVER_BUILDS[name]) if report is None
+                                     else table_values(report, proxy))
             r = ranks(held, signal)
             by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
             by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]

@@ -193,8 +193,18 @@ def test_the_registered_seed_counts_come_back_from_their_reports():
 SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
 
 
+def test_the_posterior_confirmatory_reading_comes_back_from_its_builds_reports(tmp_path, capsys):
+    """studies/posterior-confirm/primary.md is what posterior_confirm.py reads from the 24 builds' kept reports
+    (each build's report against `pcl` and, in vs-grpo/, against `grpo`)."""
+    folder = STUDIES / "posterior-confirm" / "reports"
+    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in range(5, 29))
+    assert load_study_script("posterior_confirm").main([str(folder), "--out", str(tmp_path / "primary.md")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "primary.md").read_text() == (STUDIES / "posterior-confirm" / "primary.md").read_text()
+
+
 def test_each_kept_build_of_the_posterior_table_holds_its_four_finished_runs(tmp_path):
-    """studies/posterior-confirm/build<k>.tar.xz (not read yet: no success figure here): seed 0 of the six methods,
+    """studies/posterior-confirm/build<k>.tar.xz (no success figure read here): seed 0 of the six methods,
     finished, from one build whose weights no other kept build shares, no build kept, packing to its own bytes."""
     records = load_study_script("run_records")
     weights = {}
