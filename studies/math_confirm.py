@@ -1,4 +1,4 @@
-"""Read math's confirmatory table over builds (studies/preregistration.md, amendments 13 and 15).
+"""Read math's confirmatory table over builds (studies/preregistration.md, amendments 13, 15 and 16).
 
     python studies/math_confirm.py runs/math-confirm [--funcall-p P] [--out studies/math-confirm/primary.md]
 
@@ -14,6 +14,8 @@ build gives one difference, its interval is Student's t over builds. The rule, a
 - (b) `posterior`'s primaries, a family of their own: `posterior` - `pcl` and `posterior` - `knapsack_rl`, Holm over
   the two, both read at `pcl`'s final sampled tokens (`posterior` - `knapsack_rl` is the difference of their
   differences from `pcl`; every run stops within a step of 190,000 sampled tokens). Secondary: `trace` - `pcl`.
+- (c) `trace-root-only`'s (amendment 16), a family of its own: `trace-root-only` - `pcl` and `trace-root-only` -
+  `knapsack_rl`, Holm over the two, read as (b) is.
 - Each reading: *established* when its Holm-adjusted p is at most 0.05 with the mean above zero (below zero:
   "established, against"); *refuted* when its 95% interval lies below +0.5 points; *unresolved* otherwise
   (`posterior_confirm.verdict`).
@@ -41,14 +43,15 @@ _spec.loader.exec_module(posterior_confirm)
 posterior_screen = posterior_confirm.posterior_screen  # the one it loaded
 
 PLANNED_BUILDS: int | None = None  # B of amendment 13, appended there from the pilot before build 1 trains
-METHODS = ("grpo", "pcl", "trace", "knapsack_rl", "posterior")
+METHODS = ("grpo", "pcl", "trace", "knapsack_rl", "posterior", "trace-root-only")
 REGISTERED = (("trace", "grpo"),)  # (a), against grpo's report; Holm with function calling's
 PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))  # (b), against pcl's report
 SECONDARY = (("trace", "pcl"),)
+ROOT_ONLY = (("trace-root-only", "pcl"), ("trace-root-only", "knapsack_rl"))  # (c), against pcl's report
 
 
 def read(root: Path) -> dict[str, dict[int, dict]]:
-    """{"grpo": rows, "pcl": rows}: the builds under `root` whose five runs finished and whose two reports are both
+    """{"grpo": rows, "pcl": rows}: the builds under `root` whose six runs finished and whose two reports are both
     written, each report read as the screen reads one (`posterior_screen.per_build`), by build seed."""
     found = {base: posterior_screen.read(root, METHODS, f"vs-{base}/compare.json") for base in ("grpo", "pcl")}
     both = sorted(set(found["grpo"]) & set(found["pcl"]))
@@ -80,7 +83,8 @@ def to_markdown(tables: dict[str, dict[int, dict]], funcall_p: float | None = No
              "sd over builds | question SE (mean per build) |", "|---|---|---|---|---|---|---|---|---|"]
     families = [("(a), Holm with function calling", "grpo", [registered(tables["grpo"], funcall_p)]),
                 ("(b) primary", "pcl", posterior_confirm.read_family(tables["pcl"], PRIMARIES)),
-                ("(b) secondary", "pcl", posterior_confirm.read_family(tables["pcl"], SECONDARY))]
+                ("(b) secondary", "pcl", posterior_confirm.read_family(tables["pcl"], SECONDARY)),
+                ("(c)", "pcl", posterior_confirm.read_family(tables["pcl"], ROOT_ONLY))]
     for family, base, items in families:
         for item in items:
             est, (m, c) = item["est"], item["pair"]

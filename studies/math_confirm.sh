@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Math's confirmatory table over builds (studies/preregistration.md, amendments 13 and 15): grpo, pcl, trace,
-# knapsack_rl and posterior on new builds of configs/math.toml (policy.embedded.seed 1..B), one training seed each,
+# Math's confirmatory table over builds (studies/preregistration.md, amendments 13, 15 and 16): grpo, pcl, trace,
+# knapsack_rl, posterior and trace-root-only on new builds of configs/math.toml (policy.embedded.seed 1..B), one training seed each,
 # every run trained to 190,000 sampled tokens (run.num_steps = 80 a cap), evaluated at the start and at the stop,
 # coupled, on QUESTIONS x SAMPLES (chosen from the pilot's split by amendment 7's rule: at least 512 x 4).
 #
@@ -13,7 +13,7 @@
 # Resumable: finished runs are kept and a run stopped part-way resumes from its last checkpoint when the same line
 # runs again. Runs go to runs/math-confirm/build<k>/, with the build's report against grpo in build<k>/vs-grpo/
 # and against pcl in build<k>/vs-pcl/ (the reader, studies/math_confirm.py, reads both); each finished build's
-# five runs are kept in studies/math-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is
+# six runs are kept in studies/math-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is
 # made again from its seed and checked against the weights hash the runs hold).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ if (( questions < 512 || samples < 4 )); then
   echo "math_confirm: $questions x $samples is below amendment 13's floor of 512 questions x 4 samples" >&2
   exit 2
 fi
-methods=grpo,pcl,trace,knapsack_rl,posterior
+methods=grpo,pcl,trace,knapsack_rl,posterior,trace-root-only
 common=(--methods "$methods" --seeds 0-0 --config configs/math.toml
         --set run.total_token_budget=190000 --set run.num_steps=80 --set run.eval_every=0
         --set run.eval_prompts="$questions" --set run.eval_samples="$samples" --set run.eval_coupled=true

@@ -1,6 +1,11 @@
 """Read the confirmatory table of `posterior` (studies/preregistration.md, its section and amendment 14) over builds.
 
     python studies/posterior_confirm.py runs/posterior-confirm [--out studies/posterior-confirm/primary.md]
+    python studies/posterior_confirm.py runs/root-only-confirm --design root-only [--out ...]
+
+`--design root-only` reads the next registered table the same way (`trace-root-only`'s section of the plan: its
+primaries `trace-root-only` - `pcl` and - `knapsack_rl`, Holm; secondary `trace-root-only` - `grpo`; its own token
+share as the goal; four methods a build; `DESIGNS`). What follows is `posterior`'s.
 
 Each `build<k>/compare.json` (`tracerl compare --baseline pcl`, one seed) gives every method minus `pcl` at `pcl`'s
 final sampled tokens, with its standard error over the 512 questions; a difference between two other methods is
@@ -31,6 +36,7 @@ import importlib.util
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,20 +48,40 @@ posterior_screen = importlib.util.module_from_spec(_spec)
 sys.modules["posterior_screen"] = posterior_screen
 _spec.loader.exec_module(posterior_screen)
 
-PLANNED_BUILDS = 24
 SMALLEST_GAIN = 0.5  # points: a gain below this is not worth a new sampler (the plan's refutation bound)
-PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))
-SECONDARY = (("trace", "pcl"), ("trace", "trace-root-only"), ("posterior", "grpo"))
-NEEDED = ("pcl", "knapsack_rl", "posterior", "trace", "grpo", "trace-root-only")
 GOAL_SHARE = 0.70  # of grpo's sampled tokens, to reach grpo's final held-out success
 
 
-def read(root: Path) -> dict[int, dict]:
-    """Every build under `root` whose six methods all finished, as the screen reads one (`posterior_screen.per_build`:
+@dataclass(frozen=True)
+class Design:
+    """One registered table over builds: its candidate (whose token share is the goal), its two Holm families, the
+    methods every build trains, and how many builds the plan fixed."""
+
+    candidate: str
+    primaries: tuple[tuple[str, str], ...]
+    secondary: tuple[tuple[str, str], ...]
+    needed: tuple[str, ...]
+    planned_builds: int
+
+
+DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 14, and `trace-root-only`'s section
+    "posterior": Design("posterior", (("posterior", "pcl"), ("posterior", "knapsack_rl")),
+                        (("trace", "pcl"), ("trace", "trace-root-only"), ("posterior", "grpo")),
+                        ("pcl", "knapsack_rl", "posterior", "trace", "grpo", "trace-root-only"), 24),
+    "root-only": Design("trace-root-only", (("trace-root-only", "pcl"), ("trace-root-only", "knapsack_rl")),
+                        (("trace-root-only", "grpo"),), ("pcl", "knapsack_rl", "trace-root-only", "grpo"), 24),
+}
+POSTERIOR = DESIGNS["posterior"]
+PLANNED_BUILDS, PRIMARIES, SECONDARY, NEEDED = (POSTERIOR.planned_builds, POSTERIOR.primaries, POSTERIOR.secondary,
+                                                POSTERIOR.needed)
+
+
+def read(root: Path, design: Design = POSTERIOR) -> dict[int, dict]:
+    """Every build under `root` whose methods all finished, as the screen reads one (`posterior_screen.per_build`:
     differences from `pcl` and their standard errors over questions, in points)."""
-    rows = posterior_screen.read(root, NEEDED)
+    rows = posterior_screen.read(root, design.needed)
     for k, row in rows.items():
-        row["share"] = token_share(root / f"build{k}" / "vs-grpo" / "compare.json")
+        row["share"] = token_share(root / f"build{k}" / "vs-grpo" / "compare.json", design.candidate)
     return rows
 
 
@@ -110,13 +136,13 @@ def read_family(rows: dict[int, dict], pairs: tuple[tuple[str, str], ...]) -> li
     return found
 
 
-def to_markdown(rows: dict[int, dict]) -> str:
-    interim = len(rows) < PLANNED_BUILDS
-    lines = [f"Builds read: {len(rows)} of the {PLANNED_BUILDS} planned ({', '.join(map(str, rows))})."
+def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR) -> str:
+    interim = len(rows) < design.planned_builds
+    lines = [f"Builds read: {len(rows)} of the {design.planned_builds} planned ({', '.join(map(str, rows))})."
              + (" **An interim look: it decides nothing.**" if interim else ""), "",
              "| family | difference | mean [95% t over builds] | p (paired t) | Holm p | reading | sd over builds | "
              "question SE (mean per build) |", "|---|---|---|---|---|---|---|---|"]
-    for family, pairs in (("primary", PRIMARIES), ("secondary", SECONDARY)):  # each a Holm family of its own
+    for family, pairs in (("primary", design.primaries), ("secondary", design.secondary)):  # each a Holm family of its own
         for item in read_family(rows, pairs):
             est, (m, c) = item["est"], item["pair"]
             reading = "interim" if interim else item["verdict"]
@@ -124,7 +150,7 @@ def to_markdown(rows: dict[int, dict]) -> str:
                          f"{est.p_value:.3f} | {item['p_holm']:.3f} | {reading} | {item['sd']:.2f} | "
                          f"{item['question_se']:.2f} |")
     share = goal(rows)
-    lines += ["", f"The goal (descriptive): `posterior`'s share of `grpo`'s sampled tokens to reach `grpo`'s final "
+    lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach `grpo`'s final "
               f"success, median over {share['builds']} builds {_pct(share['median'])} [{_pct(share['lo'])}, "
               f"{_pct(share['hi'])}] (percentile bootstrap over builds); "
               + ("interim" if interim else ("met" if share["met"] else "not met"))
@@ -134,7 +160,7 @@ def to_markdown(rows: dict[int, dict]) -> str:
               "| build | weights | start | method | final success | sampled tokens | minus `pcl` (SE) |",
               "|---|---|---|---|---|---|---|"]
     for k, r in rows.items():
-        for m in NEEDED:
+        for m in design.needed:
             lines.append(f"| {k} | `{r['weights']}` | {r['start']:.1f}% | `{m}` | {r['final'][m]:.1f}% | "
                          f"{r['tokens'][m]:,.0f} | {r['diff'][m]:+.2f} ({r['se'][m]:.2f}) |")
     return "\n".join(lines) + "\n"
@@ -147,14 +173,17 @@ def _pct(x: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the table's runs (runs/posterior-confirm)")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="posterior",
+                        help="which registered table: `posterior`'s (default) or `trace-root-only`'s")
     parser.add_argument("--out", type=Path, default=None, help="write the reading here as well")
     args = parser.parse_args(argv)
-    rows = read(args.root)
+    design = DESIGNS[args.design]
+    rows = read(args.root, design)
     if len(rows) < 2:
-        print(f"{len(rows)} build(s) under {args.root} have all of {', '.join(NEEDED)} finished; an interval over "
-              "builds needs two", file=sys.stderr)
+        print(f"{len(rows)} build(s) under {args.root} have all of {', '.join(design.needed)} finished; an interval "
+              "over builds needs two", file=sys.stderr)
         return 1
-    text = to_markdown(rows)
+    text = to_markdown(rows, design)
     return posterior_screen.emit(text, args.out)
 
 

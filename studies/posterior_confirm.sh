@@ -6,32 +6,42 @@
 # build<k>/compare.json, against grpo build<k>/vs-grpo/compare.json.
 #
 #   studies/posterior_confirm.sh [BUILDS] [tracerl compare arguments...]   (BUILDS: default "5 6 ... 28")
+#   DESIGN=root-only studies/posterior_confirm.sh [BUILDS] ...  (BUILDS: default "29 30 ... 52")
+#
+# DESIGN=root-only runs the next registered table the same way (studies/preregistration.md, `trace-root-only`'s
+# section): pcl, knapsack_rl, trace-root-only and grpo on builds 29-52, into runs/root-only-confirm/ and
+# studies/root-only-confirm/; read by `python studies/posterior_confirm.py runs/root-only-confirm --design root-only`.
 #
 # Two lanes keep both cores busy, each building and then training its own builds one run at a time:
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
 #   studies/posterior_confirm.sh "6 8 10 12 14 16 18 20 22 24 26 28" &
 # Resumable: finished runs are kept and a partial table continues when the same line runs again. Runs go to
-# runs/posterior-confirm/build<k>/; each finished build's four runs are kept as records in
-# studies/posterior-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is made again from its
-# seed and checked against the weights hash the runs hold). `python studies/posterior_confirm.py runs/posterior-confirm`
-# reads them once all 24 builds are kept.
+# runs/<table>/build<k>/; each finished build's runs are kept as records in studies/<table>/build<k>.tar.xz
+# (studies/run_records.py, without the build: it is made again from its seed and checked against the weights hash
+# the runs hold). `python studies/posterior_confirm.py runs/<table> [--design root-only]` reads them once all 24
+# builds are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-builds=${1:-"$(seq -s ' ' 5 28)"}
+case ${DESIGN:-posterior} in
+  posterior) table=posterior-confirm first=5 methods=pcl,knapsack_rl,posterior,trace,grpo,trace-root-only ;;
+  root-only) table=root-only-confirm first=29 methods=pcl,knapsack_rl,trace-root-only,grpo ;;
+  *) echo "posterior_confirm: DESIGN=$DESIGN is not a registered table (posterior or root-only)" >&2; exit 2 ;;
+esac
+builds=${1:-"$(seq -s ' ' "$first" $((first + 23)))"}
 shift $(( $# < 1 ? $# : 1 ))
-methods=pcl,knapsack_rl,posterior,trace,grpo,trace-root-only
 common=(--methods "$methods" --seeds 0-0 --config configs/trace-headroom.toml
         --set run.num_steps=40 --set run.total_token_budget=130000 --set "run.eval_steps=[20]"
         --set run.eval_prompts=512 --set run.eval_samples=8 --set run.eval_coupled=true
         --set allocation.budget_unit=tokens --set allocation.token_budget=12800
         --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
+mkdir -p "studies/$table"
 for k in $builds; do
   tracerl warmstart --config configs/trace-headroom.toml --set policy.embedded.seed="$k" --keep
-  out=runs/posterior-confirm/build$k
+  out=runs/$table/build$k
   tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@"
   tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
   mkdir -p "$out/vs-grpo" && cp "$out/compare.md" "$out/compare.json" "$out/vs-grpo/"
   tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
-  python studies/run_records.py save "$out" "studies/posterior-confirm/build$k.tar.xz" --no-build --methods "$methods"
+  python studies/run_records.py save "$out" "studies/$table/build$k.tar.xz" --no-build --methods "$methods"
 done
-echo "posterior_confirm: builds $builds in runs/posterior-confirm/"
+echo "posterior_confirm: builds $builds in runs/$table/"

@@ -40,11 +40,13 @@ def swing(centre: float, width: float, k: int) -> float:
 def test_the_reading_holds_to_the_hand_computed_table(tmp_path, monkeypatch):
     """Six builds: `trace` - `grpo` = 1.0 +- 0.2 (p far below 0.025: established without function calling's p);
     `posterior` - `pcl` = 0.3 +- 0.1 and `knapsack_rl` - `pcl` = 0.3 -+ 0.1, so `posterior` - `knapsack_rl` =
-    +-0.2 about 0, its interval below +0.5: refuted; plus a build whose `posterior` has not finished and one with
-    only its report against `grpo` written, both left out."""
+    +-0.2 about 0, its interval below +0.5: refuted; (c) `trace-root-only` - `pcl` = 0.8 +- 0.1, so
+    `trace-root-only` - `knapsack_rl` = 0.5 +- 0.2, both established; plus a build whose `trace-root-only` has not
+    finished and one with only its report against `grpo` written, both left out."""
     for k in range(1, 7):
         write_build(tmp_path, k, {"trace": swing(1.0, 0.2, k)},
-                    {"posterior": swing(0.3, 0.1, k), "knapsack_rl": swing(0.3, -0.1, k), "trace": 2.0})
+                    {"posterior": swing(0.3, 0.1, k), "knapsack_rl": swing(0.3, -0.1, k), "trace": 2.0,
+                     "trace-root-only": swing(0.8, 0.1, k)})
     write_build(tmp_path, 7, {"trace": 9.0}, {"posterior": 9.0}, methods=confirm.METHODS[:-1])
     write_build(tmp_path, 8, {"trace": 9.0}, {"posterior": 9.0}, reports=("grpo",))
     tables = confirm.read(tmp_path)
@@ -60,12 +62,16 @@ def test_the_reading_holds_to_the_hand_computed_table(tmp_path, monkeypatch):
     assert over_knapsack["est"].mean == pytest.approx(0.0, abs=1e-12)
     assert over_knapsack["est"].hi == pytest.approx(half * 0.2 * math.sqrt(6 / 5), rel=1e-3)
     assert over_knapsack["verdict"] == "refuted" and over_knapsack["question_se"] == pytest.approx(math.hypot(.5, .5))
+    root_over_pcl, root_over_knapsack = confirm.posterior_confirm.read_family(tables["pcl"], confirm.ROOT_ONLY)
+    assert root_over_pcl["est"].mean == pytest.approx(0.8) and root_over_knapsack["est"].mean == pytest.approx(0.5)
+    assert root_over_pcl["verdict"] == root_over_knapsack["verdict"] == "established"
     text = confirm.to_markdown(tables)
     assert "of the planned not yet fixed" in text and "**An interim look: it decides nothing.**" in text
     assert "| interim |" in text and "| established |" not in text  # no verdict before B is fixed
     monkeypatch.setattr(confirm, "PLANNED_BUILDS", 6)
     text = confirm.to_markdown(tables)
     assert "interim" not in text and "| `trace` - `grpo` | `grpo`'s final tokens | +1.00 [" in text
+    assert "| (c) | `trace-root-only` - `knapsack_rl` | `pcl`'s final tokens | +0.50 [" in text
     assert "| 3 | `333333333333` | 40.0% | `posterior` | 45.4% | 190,003 | +0.00 (0.50) | +0.40 (0.50) |" in text
 
 

@@ -14,9 +14,9 @@ confirm = load_study_script("posterior_confirm")
 
 
 def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=confirm.NEEDED,
-                share: float | None = 0.6) -> None:
+                share: float | None = 0.6, candidate: str = "posterior") -> None:
     """A build's compare.json as `tracerl compare --baseline pcl` writes it, with the given differences in points, and
-    its vs-grpo/compare.json with `posterior`'s share of `grpo`'s tokens (None: never reached)."""
+    its vs-grpo/compare.json with `candidate`'s share of `grpo`'s tokens (None: never reached)."""
     folder = root / f"build{k}"
     folder.mkdir(parents=True)
     rows = {m: {"success_before": 0.6, "success_after": 0.65 + diffs.get(m, 0.0) / 100, "tokens": 130_000 + k,
@@ -26,7 +26,7 @@ def write_build(root, k: int, diffs: dict[str, float], se: float = 0.5, methods=
     (folder / "compare.json").write_text(json.dumps({"methods": rows, "weights": {"weights_sha256": f"{k:064x}"}}))
     (folder / "vs-grpo").mkdir()
     (folder / "vs-grpo" / "compare.json").write_text(json.dumps(
-        {"methods": {"posterior": {"share_of_baseline_tokens_ci": {"per_seed": [share]}}}}))
+        {"methods": {candidate: {"share_of_baseline_tokens_ci": {"per_seed": [share]}}}}))
 
 
 def alternating(centre: float, swing: float, k: int) -> float:
@@ -100,3 +100,26 @@ def test_a_table_with_under_two_finished_builds_says_so(tmp_path, capsys):
     write_build(tmp_path, 5, {"posterior": 1.0})
     assert confirm.main([str(tmp_path)]) == 1
     assert "needs two" in capsys.readouterr().err
+
+
+def test_the_root_only_design_reads_its_own_families_and_goal(tmp_path, capsys):
+    """`trace-root-only`'s table (its section of the plan): 24 builds (29-52) of four methods; `trace-root-only` -
+    `pcl` = 0.6 +- 0.1 and `knapsack_rl` - `pcl` = 0.2 -+ 0.1, so `trace-root-only` - `knapsack_rl` = 0.4 +- 0.2, both
+    established; the secondary `trace-root-only` - `grpo` (grpo at 0) = 0.6 +- 0.1; the goal from its own share; a
+    build without its `grpo` run is left out."""
+    design = confirm.DESIGNS["root-only"]
+    for k in range(29, 53):
+        write_build(tmp_path, k, {"trace-root-only": alternating(0.6, 0.1, k), "knapsack_rl": alternating(0.2, -0.1, k)},
+                    methods=design.needed, share=0.65, candidate="trace-root-only")
+    write_build(tmp_path, 53, {"trace-root-only": 9.0}, methods=design.needed[:-1], candidate="trace-root-only")
+    rows = confirm.read(tmp_path, design)
+    assert list(rows) == list(range(29, 53))
+    over_pcl, over_knapsack = confirm.read_family(rows, design.primaries)
+    assert over_pcl["est"].mean == pytest.approx(0.6) and over_knapsack["est"].mean == pytest.approx(0.4)
+    assert over_pcl["verdict"] == over_knapsack["verdict"] == "established"
+    (over_grpo,) = confirm.read_family(rows, design.secondary)
+    assert over_grpo["est"].mean == pytest.approx(0.6) and over_grpo["p_holm"] == over_grpo["est"].p_value
+    assert confirm.goal(rows)["median"] == pytest.approx(0.65) and confirm.goal(rows)["met"]
+    assert confirm.main([str(tmp_path), "--design", "root-only"]) == 0
+    text = capsys.readouterr().out
+    assert "24 of the 24 planned" in text and "`trace-root-only`'s share" in text and "`posterior`" not in text

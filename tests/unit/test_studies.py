@@ -203,15 +203,16 @@ def test_the_posterior_confirmatory_reading_comes_back_from_its_builds_reports(t
     assert (tmp_path / "primary.md").read_text() == (STUDIES / "posterior-confirm" / "primary.md").read_text()
 
 
-def test_each_kept_build_of_the_posterior_table_holds_its_four_finished_runs(tmp_path):
-    """studies/posterior-confirm/build<k>.tar.xz (no success figure read here): seed 0 of the six methods,
+@pytest.mark.parametrize("table, design", [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")])
+def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, design, tmp_path):
+    """studies/<table>/build<k>.tar.xz (no success figure read here): seed 0 of the design's methods,
     finished, from one build whose weights no other kept build shares, no build kept, packing to its own bytes."""
     records = load_study_script("run_records")
     weights = {}
-    for archive in sorted((STUDIES / "posterior-confirm").glob("build*.tar.xz")):
+    for archive in sorted((STUDIES / table).glob("build*.tar.xz")):
         folder = tmp_path / archive.name
         records.unpack(archive, folder)
-        kept = records.whole_seeds(folder, list(load_study_script("posterior_confirm").NEEDED))
+        kept = records.whole_seeds(folder, list(load_study_script("posterior_confirm").DESIGNS[design].needed))
         assert list(kept) == [0] and all(records.finished(run) for run in kept[0].values()), archive.name
         assert not (folder / records.POLICY).exists(), f"{archive.name} keeps a build"
         hashes = {records.starting_weights(run)[0] for run in kept[0].values()}
