@@ -14,7 +14,7 @@ from tracerl.core.metrics import raw_advantages, step_counts
 from tracerl.core.tree import Segment, Tree
 from tracerl.io.files.runlog import write_trees
 from tracerl.core.tally import Tally, creator_leaves, p_bin, rollouts, summarize_run
-from tracerl.report.stage2 import across_seeds, read_run, seed_mean, write_report
+from tracerl.report.stage2 import across_seeds, read_run, report, seed_mean, write_report
 
 
 def seg(policy_tokens: int) -> Segment:
@@ -153,7 +153,7 @@ def test_across_seeds_pairs_continuation_and_fresh_per_seed():
 
 
 def write_run(path, continuation_cost, steps):
-    path.mkdir()
+    path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"method": "trace", "allocation": {
         "continuation_cost": continuation_cost}, "advantages": {"min_leaves": 2}}))
     for step in steps:
@@ -168,6 +168,15 @@ def test_a_run_directory_is_read_with_its_own_price_and_every_step(tmp_path):
     summary = summarize_run(run["rollouts"])
     assert counts(summary["origin"]["continuation"]) == (8, 4, 2.0, 1.0, 26, 16)  # two steps, 0.25 units each
     assert counts(summary["origin"]["fresh"]) == (8, 4, 8.0, 4.0, 42, 24)
+
+
+def test_runs_of_one_name_from_several_builds_are_named_by_their_folder(tmp_path):
+    """One seed of many builds (build5/trace-seed0, build6/trace-seed0): each row says which build it is."""
+    for build in ("build5", "build6"):
+        write_run(tmp_path / build / "trace-seed0", 0.5, steps=(1,))
+    found = report([tmp_path / "build5" / "trace-seed0", tmp_path / "build6" / "trace-seed0"])
+    assert [run["name"] for run in found["runs"]] == ["build5/trace-seed0", "build6/trace-seed0"]
+    assert [run["name"] for run in report([tmp_path / "build5" / "trace-seed0"])["runs"]] == ["trace-seed0"]
 
 
 def test_cli_writes_the_markdown(tmp_path, capsys):

@@ -119,6 +119,9 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
 def report(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
     """Per run and across runs (see the module docstring)."""
     runs = [read_run(d) for d in run_dirs]
+    if len({run["name"] for run in runs}) < len(runs):  # one seed of many builds: build5/trace-seed0, build6/...
+        for run, d in zip(runs, run_dirs):
+            run["name"] = f"{Path(d).resolve().parent.name}/{run['name']}"
     for run in runs:
         run["summary"] = summarize_run(run["rollouts"])
     return {"runs": runs, "pooled": across_seeds([run["summary"] for run in runs])}
