@@ -78,12 +78,12 @@ def recorded_coupled(run_dir: Path) -> bool:
 def pair_evaluations(a: Path, b: Path) -> dict[str, list[np.ndarray]]:
     """Both runs' final per-question success under each sampling: "independent" and "coupled", one of them as
     recorded and the other evaluated again from the final checkpoints."""
-    if recorded_coupled(a) != recorded_coupled(b):
+    coupled = recorded_coupled(a)
+    if coupled != recorded_coupled(b):
         raise SystemExit(f"{a} and {b} recorded different sampling (run.eval_coupled): pair runs of one comparison")
     recorded = [np.asarray(final_eval(r)["eval/per_prompt"]) for r in (a, b)]
-    again = [evaluate_checkpoint(r, coupled=not recorded_coupled(a))[0] for r in (a, b)]
-    return ({"coupled": recorded, "independent": again} if recorded_coupled(a)
-            else {"independent": recorded, "coupled": again})
+    again = [evaluate_checkpoint(r, coupled=not coupled)[0] for r in (a, b)]
+    return {"coupled": recorded, "independent": again} if coupled else {"independent": recorded, "coupled": again}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Math's confirmatory table over builds (studies/preregistration.md, amendments 13, 15 and 16): grpo, pcl, trace,
-# knapsack_rl, posterior and trace-root-only on new builds of configs/math.toml (policy.embedded.seed 1..B), one training seed each,
+# knapsack_rl, posterior and trace-root-only on new builds of configs/math.toml (policy.embedded.seed 1..B), one
+# training seed each,
 # every run trained to 190,000 sampled tokens (run.num_steps = 80 a cap), evaluated at the start and at the stop,
 # coupled, on QUESTIONS x SAMPLES (chosen from the pilot's split by amendment 7's rule: at least 512 x 4).
 #

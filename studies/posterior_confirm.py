@@ -142,7 +142,7 @@ def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR) -> str:
              + (" **An interim look: it decides nothing.**" if interim else ""), "",
              "| family | difference | mean [95% t over builds] | p (paired t) | Holm p | reading | sd over builds | "
              "question SE (mean per build) |", "|---|---|---|---|---|---|---|---|"]
-    for family, pairs in (("primary", design.primaries), ("secondary", design.secondary)):  # each a Holm family of its own
+    for family, pairs in (("primary", design.primaries), ("secondary", design.secondary)):  # a Holm family each
         for item in read_family(rows, pairs):
             est, (m, c) = item["est"], item["pair"]
             reading = "interim" if interim else item["verdict"]
@@ -150,8 +150,8 @@ def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR) -> str:
                          f"{est.p_value:.3f} | {item['p_holm']:.3f} | {reading} | {item['sd']:.2f} | "
                          f"{item['question_se']:.2f} |")
     share = goal(rows)
-    lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach `grpo`'s final "
-              f"success, median over {share['builds']} builds {_pct(share['median'])} [{_pct(share['lo'])}, "
+    lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach "
+              f"`grpo`'s final success, median over {share['builds']} builds {_pct(share['median'])} [{_pct(share['lo'])}, "
               f"{_pct(share['hi'])}] (percentile bootstrap over builds); "
               + ("interim" if interim else ("met" if share["met"] else "not met"))
               + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]

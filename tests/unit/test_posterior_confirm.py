@@ -109,8 +109,8 @@ def test_the_root_only_design_reads_its_own_families_and_goal(tmp_path, capsys):
     build without its `grpo` run is left out."""
     design = confirm.DESIGNS["root-only"]
     for k in range(29, 53):
-        write_build(tmp_path, k, {"trace-root-only": alternating(0.6, 0.1, k), "knapsack_rl": alternating(0.2, -0.1, k)},
-                    methods=design.needed, share=0.65, candidate="trace-root-only")
+        diffs = {"trace-root-only": alternating(0.6, 0.1, k), "knapsack_rl": alternating(0.2, -0.1, k)}
+        write_build(tmp_path, k, diffs, methods=design.needed, share=0.65, candidate="trace-root-only")
     write_build(tmp_path, 53, {"trace-root-only": 9.0}, methods=design.needed[:-1], candidate="trace-root-only")
     rows = confirm.read(tmp_path, design)
     assert list(rows) == list(range(29, 53))
