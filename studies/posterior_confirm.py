@@ -24,6 +24,10 @@ build gives one difference, and its interval is Student's t over builds. The rul
   end below 100%.
 - A reading over fewer builds than planned (24) is an interim look that decides nothing.
 
+Where the kept builds trained on more than one machine (amendment 17: each build's runs name their machine in
+`saved_on.json`, restored with its records), each difference is also stated over each machine's builds, with Welch's
+difference between two machines' means: descriptive, no reading changes with it.
+
 Also stated, not tested: each build's weights hash, the paired question noise of each difference beside the spread
 over builds (the design sized the evaluation so the first is at most about half the second), and each method's
 sampled tokens.
@@ -41,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracerl.core.stats import bootstrap_over_seeds, holm, seed_mean
+from tracerl.core.stats import bootstrap_over_seeds, holm, seed_mean, t_quantile_975
 
 _spec = importlib.util.spec_from_file_location("posterior_screen", Path(__file__).resolve().parent / "posterior_screen.py")
 posterior_screen = importlib.util.module_from_spec(_spec)
@@ -136,7 +140,62 @@ def read_family(rows: dict[int, dict], pairs: tuple[tuple[str, str], ...]) -> li
     return found
 
 
-def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR) -> str:
+def machines(root: Path, rows: dict[int, dict], design: Design = POSTERIOR) -> dict[int, str]:
+    """Each build's machine: the CPU flags hash that its runs' `saved_on.json` name (records restored under `root`).
+    A build whose runs name none, or name two, has none here."""
+    found = {}
+    for k in rows:
+        named = set()
+        for m in design.needed:
+            saved = root / f"build{k}" / f"{m}-seed0" / "saved_on.json"
+            named.add(json.loads(saved.read_text()).get("cpu_flags_sha256") if saved.exists() else None)
+        if len(named) == 1 and None not in named:
+            found[k] = named.pop()
+    return found
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95% Welch interval (Satterthwaite's degrees of freedom, rounded down); nan bounds
+    where either side has fewer than 2 values."""
+    diff = float(np.mean(a) - np.mean(b)) if a and b else math.nan
+    if len(a) < 2 or len(b) < 2:
+        return diff, math.nan, math.nan
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, diff, diff
+    dof = max(1, int((va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))))
+    return diff, diff - t_quantile_975(dof) * se, diff + t_quantile_975(dof) * se
+
+
+def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -> list[str]:
+    """Amendment 17's descriptive lines, where the builds span machines: each difference's mean [95% t] over each
+    machine's builds and, for two machines, Welch's difference between them. Nothing where one machine (or none
+    is known)."""
+    groups = sorted(set(machine.values()), key=lambda g: (-list(machine.values()).count(g), g))
+    if len(groups) < 2:
+        return []
+    unknown = [k for k in rows if k not in machine]
+    counts = {g: [k for k, h in machine.items() if h == g] for g in groups}
+    header = " | ".join(f"`{g}` ({len(counts[g])} builds)" for g in groups)
+    lines = ["", "By machine (amendment 17; descriptive, no reading changes with it): mean [95% t over that "
+             "machine's builds]" + (f"; builds {', '.join(map(str, unknown))} name no machine" if unknown else "")
+             + ".", "", f"| difference | {header} |" + (" first - second [95% Welch] |" if len(groups) == 2 else ""),
+             "|---|" + "---|" * (len(groups) + (len(groups) == 2))]
+    for m, c in design.primaries + design.secondary:
+        per = [difference({k: rows[k] for k in counts[g]}, m, c)[0] for g in groups]
+        cells = []
+        for values in per:
+            est = seed_mean(values)
+            cells.append(f"{est.mean:+.2f} [{est.lo:+.2f}, {est.hi:+.2f}]")
+        if len(groups) == 2:
+            cells.append("{:+.2f} [{:+.2f}, {:+.2f}]".format(*welch(*per)))
+        lines.append(f"| `{m}` - `{c}` | " + " | ".join(cells) + " |")
+    lines += ["", "Builds by machine: " + "; ".join(f"`{g}`: {', '.join(map(str, counts[g]))}" for g in groups) + "."]
+    return lines
+
+
+def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR, machine: dict[int, str] | None = None) -> str:
     interim = len(rows) < design.planned_builds
     lines = [f"Builds read: {len(rows)} of the {design.planned_builds} planned ({', '.join(map(str, rows))})."
              + (" **An interim look: it decides nothing.**" if interim else ""), "",
@@ -155,6 +214,7 @@ def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR) -> str:
               f"{_pct(share['hi'])}] (percentile bootstrap over builds); "
               + ("interim" if interim else ("met" if share["met"] else "not met"))
               + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]
+    lines += by_machine(rows, design, machine or {})
     lines += ["", "Per build (points of held-out success; differences at `pcl`'s final sampled tokens, with their "
               "paired standard error over questions):", "",
               "| build | weights | start | method | final success | sampled tokens | minus `pcl` (SE) |",
@@ -183,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(rows)} build(s) under {args.root} have all of {', '.join(design.needed)} finished; an interval "
               "over builds needs two", file=sys.stderr)
         return 1
-    text = to_markdown(rows, design)
+    text = to_markdown(rows, design, machines(args.root, rows, design))
     return posterior_screen.emit(text, args.out)
 
 

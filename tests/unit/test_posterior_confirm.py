@@ -123,3 +123,43 @@ def test_the_root_only_design_reads_its_own_families_and_goal(tmp_path, capsys):
     assert confirm.main([str(tmp_path), "--design", "root-only"]) == 0
     text = capsys.readouterr().out
     assert "24 of the 24 planned" in text and "`trace-root-only`'s share" in text and "`posterior`" not in text
+
+
+def test_builds_on_two_machines_are_also_read_per_machine_without_changing_a_reading(tmp_path, capsys):
+    """Amendment 17: builds 29-40 on machine `aaaa` read `trace-root-only` - `pcl` = 1.0 +- 0.2, builds 41-52 on
+    `bbbb` 0.2 +- 0.2 (alternating): each machine's mean and t interval, Welch's difference between them, and the
+    registered table above it unchanged; a build whose runs name two machines is in
+    no group; one machine adds nothing."""
+    design = confirm.DESIGNS["root-only"]
+    for k in range(29, 53):
+        write_build(tmp_path, k, {"trace-root-only": alternating(1.0 if k <= 40 else 0.2, 0.2, k)},
+                    methods=design.needed, candidate="trace-root-only")
+        for i, m in enumerate(design.needed):
+            (tmp_path / f"build{k}" / f"{m}-seed0").mkdir()
+            where = "aaaa" if k <= 40 else ("bbbb" if k < 52 or i else "aaaa")  # build 52: its runs disagree
+            saved = tmp_path / f"build{k}" / f"{m}-seed0" / "saved_on.json"
+            saved.write_text(json.dumps({"cpu_flags_sha256": where}))
+    rows = confirm.read(tmp_path, design)
+    machine = confirm.machines(tmp_path, rows, design)
+    assert sorted(machine) == list(range(29, 52)) and {machine[29], machine[51]} == {"aaaa", "bbbb"}
+    lines = confirm.by_machine(rows, design, machine)
+    (row,) = [line for line in lines if line.startswith("| `trace-root-only` - `pcl`")]
+    sd = 0.2 * math.sqrt(12 / 11)  # aaaa: 12 builds; bbbb: 11 (not build 52), mean 0.2 + 0.2/11 (six odd builds)
+    half_a = 2.201 * sd / math.sqrt(12)
+    assert f"+1.00 [{1.0 - half_a:+.2f}, {1.0 + half_a:+.2f}]" in row
+    diff, lo, hi = confirm.welch([alternating(1.0, 0.2, k) for k in range(29, 41)],
+                                 [alternating(0.2, 0.2, k) for k in range(41, 52)])
+    assert diff == pytest.approx(0.8 - 0.2 / 11) and lo < diff < hi and f"{diff:+.2f} [{lo:+.2f}, {hi:+.2f}]" in row
+    assert "build 52" not in lines[1] and "builds 52 name no machine" in lines[1]
+    assert confirm.by_machine(rows, design, {k: "aaaa" for k in rows}) == []
+    assert confirm.main([str(tmp_path), "--design", "root-only"]) == 0
+    text = capsys.readouterr().out
+    assert "By machine" in text and text.index("The goal") < text.index("By machine")
+
+
+def test_welch_matches_a_hand_computed_interval():
+    """a = (1, 2, 3), b = (0, 0, 1, 1): variances of the means 1/3 and 1/12, dof (5/12)^2 / ((1/3)^2/2 + (1/12)^2/3)
+    = 2.97 -> 2, t(2) = 4.303."""
+    diff, lo, hi = confirm.welch([1.0, 2.0, 3.0], [0.0, 0.0, 1.0, 1.0])
+    assert diff == pytest.approx(1.5) and hi - diff == pytest.approx(4.303 * math.sqrt(5 / 12), rel=1e-3)
+    assert math.isnan(confirm.welch([1.0], [0.0, 1.0])[1])

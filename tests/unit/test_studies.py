@@ -203,10 +203,18 @@ def test_the_posterior_confirmatory_reading_comes_back_from_its_builds_reports(t
     assert (tmp_path / "primary.md").read_text() == (STUDIES / "posterior-confirm" / "primary.md").read_text()
 
 
+SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
+BUILD_MACHINES = {  # each kept build's machine, by table (amendment 17: a table over builds may span machines)
+    "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
+    "root-only-confirm": {29: SECOND_MACHINE, 31: SECOND_MACHINE, 33: SECOND_MACHINE},
+}
+
+
 @pytest.mark.parametrize("table, design", [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")])
 def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, design, tmp_path):
     """studies/<table>/build<k>.tar.xz (no success figure read here): seed 0 of the design's methods,
-    finished, from one build whose weights no other kept build shares, no build kept, packing to its own bytes."""
+    finished on the machine `BUILD_MACHINES` names, from one build whose weights no other kept build shares, no
+    build kept, packing to its own bytes."""
     records = load_study_script("run_records")
     weights = {}
     for archive in sorted((STUDIES / table).glob("build*.tar.xz")):
@@ -218,6 +226,8 @@ def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, d
         hashes = {records.starting_weights(run)[0] for run in kept[0].values()}
         assert len(hashes) == 1 and None not in hashes, f"{archive.name}: its runs start from {hashes}"
         weights[archive.name] = hashes.pop()
+        saved = {json.loads((run / "saved_on.json").read_text())["cpu_flags_sha256"] for run in kept[0].values()}
+        assert saved == {BUILD_MACHINES[table].get(int(archive.name[5:-7]))}, f"{archive.name} trained on {saved}"
         again = tmp_path / "again" / archive.name
         again.parent.mkdir(exist_ok=True)
         records.pack(folder, again)
@@ -229,8 +239,8 @@ def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, d
     ("preregistered-headroom", range(0, 41), "7d0c30370fb5", LABELS, MACHINE),
     ("domain-funcall-confirmatory", range(0, 25), "c1ad6c76e6b3", LABELS, MACHINE),
     ("domain-math-equal-tokens", range(100, 105), "eb0c145b449c", LABELS,  # 103, 104 on the machine of its README
-     {100: MACHINE, 101: MACHINE, 102: MACHINE, 103: "6a93d771884cba54", 104: "6a93d771884cba54"}),
-    ("samplers-headroom", range(0, 8), "f4c94567f6a7", SAMPLERS, "6a93d771884cba54"),  # its README: where saved
+     {100: MACHINE, 101: MACHINE, 102: MACHINE, 103: SECOND_MACHINE, 104: SECOND_MACHINE}),
+    ("samplers-headroom", range(0, 8), "f4c94567f6a7", SAMPLERS, SECOND_MACHINE),  # its README: where saved
 ], ids=["headroom", "funcall-confirmatory", "math-pilot", "samplers"])
 def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(table, seeds, weights, labels, machine,
                                                                             tmp_path):
