@@ -10,7 +10,9 @@ policy learnt) and its evaluation (which held-out questions, which samples). Wit
     var_seed(n) = var_train + s_q^2 / n,        var_train = var_seed(n0) - s_q^2 / n0
 
 where s_q is the spread of the paired difference per question (compare.json, `resolution.sd_paired_per_question`,
-against the table's baseline) and var_seed(n0) the variance of the pilot's per-seed differences. The model assumes
+against the table's baseline; where the runs stop at different steps, as runs trained to one token budget do, and
+no evaluation pairs by step, the spread between each seed's last evaluations) and var_seed(n0) the variance of the
+pilot's per-seed differences. The model assumes
 each seed draws its own held-out questions from a large pool (math and function calling generate them from the
 seed); where seeds share most of their questions (the multihop testbeds draw from a fixed test split), question
 sampling does not spread the seeds, s_q^2 / n0 can exceed var_seed, and the script says the model does not apply.
@@ -67,6 +69,23 @@ def seed_costs(runs_dir: Path, labels: list[str], seeds: list[int]) -> list[Seed
                     train += float(row.get("sys/step_seconds", 0.0))
         costs.append(SeedCost(train, sum(evals.values())))
     return costs
+
+
+def paired_spread_at_stop(runs_dir: Path, method: str, baseline: str, seeds: list[int]) -> float:
+    """The spread per question (points) of `method` minus `baseline` between each seed's last evaluations, the
+    root of its mean variance over seeds: what a reading at equal sampled tokens pays where the two runs stop at
+    different steps (the report's `sd_paired_per_question` pairs evaluations of the same step only, so it has none
+    there)."""
+    variances = []
+    for seed in seeds:
+        last = {}
+        for label in (method, baseline):
+            rows = [json.loads(line) for line in (runs_dir / f"{label}-seed{seed}" / "metrics.jsonl").read_text()
+                    .splitlines()]
+            evals = [r for r in rows if r.get("kind") == "eval" and len(r.get("eval/per_prompt", ())) > 1]
+            last[label] = np.asarray(max(evals, key=lambda r: r["step"])["eval/per_prompt"], dtype=float)
+        variances.append(float(np.var(last[method] - last[baseline], ddof=1)))
+    return 100 * math.sqrt(float(np.mean(variances)))
 
 
 def chi2_bounds(n: int, level: float = 0.8) -> tuple[float, float]:
@@ -126,6 +145,9 @@ def main() -> None:
     diffs = pairs[name]
     res = summary["resolution"]
     n0, sd_q = int(res["num_questions"]), 100 * float(res["sd_paired_per_question"])
+    at_stop = not math.isfinite(sd_q)
+    if at_stop:  # runs stopped at different steps (a token budget): pair their last evaluations instead
+        sd_q = paired_spread_at_stop(args.runs_dir, *name.split(" - "), list(summary["seeds"]))
     var_seed = float(np.var(diffs, ddof=1))
     var_eval = sd_q ** 2 / n0
     var_train = max(var_seed - var_eval, 0.0)
@@ -137,9 +159,11 @@ def main() -> None:
     costs = seed_costs(args.runs_dir, labels, list(summary["seeds"]))
     cost = SeedCost(float(np.mean([c.train_seconds for c in costs])), float(np.mean([c.eval_seconds for c in costs])))
     questions = sorted({int(q) for q in args.questions.split(",") if q} | {n0})
+    where = ", between each seed's last evaluations" if at_stop else ""
     print(f"{args.runs_dir}: {name}, {len(diffs)} seeds, per-seed sd {math.sqrt(var_seed):.2f} points at {n0} "
           f"questions; the evaluation's part sd {math.sqrt(var_eval):.2f} (paired sd {sd_q:.1f} points per "
-          f"question), training's sd {math.sqrt(var_train):.2f}. A seed costs {cost.train_seconds:.0f} s of training "
+          f"question{where}), training's sd "
+          f"{math.sqrt(var_train):.2f}. A seed costs {cost.train_seconds:.0f} s of training "
           f"and {cost.eval_seconds:.0f} s of evaluation "
           f"({cost.eval_seconds / (cost.train_seconds + cost.eval_seconds):.0%})"
           f", mean over {len(costs)} seeds (all methods).\n")

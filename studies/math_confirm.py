@@ -19,8 +19,8 @@ build gives one difference, its interval is Student's t over builds. The rule, a
 - Each reading: *established* when its Holm-adjusted p is at most 0.05 with the mean above zero (below zero:
   "established, against"); *refuted* when its 95% interval lies below +0.5 points; *unresolved* otherwise
   (`posterior_confirm.verdict`).
-- The build count B is appended to amendment 13 from the pilot before build 1 trains (`PLANNED_BUILDS`); until it
-  is, and over fewer builds than B, a reading is an interim look that decides nothing.
+- The build count B = 12, appended to amendment 13 from the pilot before build 1 trained (`PLANNED_BUILDS`); over
+  fewer builds than B a reading is an interim look that decides nothing.
 
 Also stated, not tested: each build's weights hash, its start, every method's final success and sampled tokens, and
 the paired question noise of each difference beside the spread over builds.
@@ -42,7 +42,7 @@ sys.modules["posterior_confirm"] = posterior_confirm
 _spec.loader.exec_module(posterior_confirm)
 posterior_screen = posterior_confirm.posterior_screen  # the one it loaded
 
-PLANNED_BUILDS: int | None = None  # B of amendment 13, appended there from the pilot before build 1 trains
+PLANNED_BUILDS: int | None = 12  # B of amendment 13, appended there from the pilot before build 1 trained
 METHODS = ("grpo", "pcl", "trace", "knapsack_rl", "posterior", "trace-root-only")
 REGISTERED = (("trace", "grpo"),)  # (a), against grpo's report; Holm with function calling's
 PRIMARIES = (("posterior", "pcl"), ("posterior", "knapsack_rl"))  # (b), against pcl's report

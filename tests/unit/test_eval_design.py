@@ -74,3 +74,17 @@ def test_seeds_sharing_their_questions_are_refused(eval_design, tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["eval_design.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="share most of their held-out questions"):
         eval_design.main()
+
+
+def test_runs_stopping_at_different_steps_pair_their_last_evaluations(eval_design, tmp_path):
+    """Runs trained to one token budget stop at different steps, so no evaluation pairs by step: the spread per
+    question comes from each seed's last evaluations (not the shared start). Seed 0's last differences are
+    (+1, -1, +1, -1) (variance 4/3), seed 1's (0, 0, 0, 0): sqrt(mean(4/3, 0)) = 0.816, in points 81.6."""
+    start = {"step": 0, "kind": "eval", "eval/per_prompt": [0.5, 0.5, 0.5, 0.5]}
+    for seed, trace_last in ((0, [1.0, 0.0, 1.0, 0.0]), (1, [0.25, 0.5, 0.75, 1.0])):
+        grpo_last = [0.0, 1.0, 0.0, 1.0] if seed == 0 else [0.25, 0.5, 0.75, 1.0]
+        _write_run(tmp_path / f"grpo-seed{seed}", [start, {"step": 28, "kind": "eval", "eval/per_prompt": grpo_last}])
+        _write_run(tmp_path / f"trace-seed{seed}", [start, {"step": 39, "kind": "eval", "eval/per_prompt": trace_last},
+                                                     {"step": 39, "kind": "step", "sys/step_seconds": 1.0}])
+    assert eval_design.paired_spread_at_stop(tmp_path, "trace", "grpo", [0, 1]) == pytest.approx(
+        100 * math.sqrt(2 / 3))
