@@ -179,7 +179,8 @@ def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -
     counts = {g: [k for k, h in machine.items() if h == g] for g in groups}
     header = " | ".join(f"`{g}` ({len(counts[g])} builds)" for g in groups)
     lines = ["", "By machine (amendment 17; descriptive, no reading changes with it): mean [95% t over that "
-             "machine's builds]" + (f"; builds {', '.join(map(str, unknown))} name no machine" if unknown else "")
+             "machine's builds]" + (f"; not in a group, as its runs name no one machine: build "
+                                    f"{', '.join(map(str, unknown))}" if unknown else "")
              + ".", "", f"| difference | {header} |" + (" first - second [95% Welch] |" if len(groups) == 2 else ""),
              "|---|" + "---|" * (len(groups) + (len(groups) == 2))]
     for m, c in design.primaries + design.secondary:
