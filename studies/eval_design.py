@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tracerl.io.files.runlog import read_metrics
+
 _spec = importlib.util.spec_from_file_location("power", Path(__file__).resolve().parent / "power.py")
 power_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(power_module)
@@ -76,15 +78,11 @@ def paired_spread_at_stop(runs_dir: Path, method: str, baseline: str, seeds: lis
     root of its mean variance over seeds: what a reading at equal sampled tokens pays where the two runs stop at
     different steps (the report's `sd_paired_per_question` pairs evaluations of the same step only, so it has none
     there)."""
-    variances = []
-    for seed in seeds:
-        last = {}
-        for label in (method, baseline):
-            rows = [json.loads(line) for line in (runs_dir / f"{label}-seed{seed}" / "metrics.jsonl").read_text()
-                    .splitlines()]
-            evals = [r for r in rows if r.get("kind") == "eval" and len(r.get("eval/per_prompt", ())) > 1]
-            last[label] = np.asarray(max(evals, key=lambda r: r["step"])["eval/per_prompt"], dtype=float)
-        variances.append(float(np.var(last[method] - last[baseline], ddof=1)))
+    def last(label: str, seed: int) -> np.ndarray:
+        evals = [r for r in read_metrics(runs_dir / f"{label}-seed{seed}") if r.get("kind") == "eval"]
+        return np.asarray(evals[-1]["eval/per_prompt"], dtype=float)
+
+    variances = [float(np.var(last(method, seed) - last(baseline, seed), ddof=1)) for seed in seeds]
     return 100 * math.sqrt(float(np.mean(variances)))
 
 
@@ -162,9 +160,8 @@ def main() -> None:
     where = ", between each seed's last evaluations" if at_stop else ""
     print(f"{args.runs_dir}: {name}, {len(diffs)} seeds, per-seed sd {math.sqrt(var_seed):.2f} points at {n0} "
           f"questions; the evaluation's part sd {math.sqrt(var_eval):.2f} (paired sd {sd_q:.1f} points per "
-          f"question{where}), training's sd "
-          f"{math.sqrt(var_train):.2f}. A seed costs {cost.train_seconds:.0f} s of training "
-          f"and {cost.eval_seconds:.0f} s of evaluation "
+          f"question{where}), training's sd {math.sqrt(var_train):.2f}. A seed costs {cost.train_seconds:.0f} s of "
+          f"training and {cost.eval_seconds:.0f} s of evaluation "
           f"({cost.eval_seconds / (cost.train_seconds + cost.eval_seconds):.0%})"
           f", mean over {len(costs)} seeds (all methods).\n")
     print(f"Two-sided paired t-test at level {args.alpha:g}, {args.power:.0%} power at +{args.effect:g} points; "

@@ -172,11 +172,13 @@ def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -
     """Amendment 17's descriptive lines, where the builds span machines: each difference's mean [95% t] over each
     machine's builds and, for two machines, Welch's difference between them. Nothing where one machine (or none
     is known)."""
-    groups = sorted(set(machine.values()), key=lambda g: (-list(machine.values()).count(g), g))
+    counts: dict[str, list[int]] = {}
+    for k, h in machine.items():
+        counts.setdefault(h, []).append(k)
+    groups = sorted(counts, key=lambda g: (-len(counts[g]), g))  # the machine with most builds first
     if len(groups) < 2:
         return []
     unknown = [k for k in rows if k not in machine]
-    counts = {g: [k for k, h in machine.items() if h == g] for g in groups}
     header = " | ".join(f"`{g}` ({len(counts[g])} builds)" for g in groups)
     lines = ["", "By machine (amendment 17; descriptive, no reading changes with it): mean [95% t over that "
              "machine's builds]" + (f"; not in a group, as its runs name no one machine: build "
