@@ -207,7 +207,7 @@ SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroo
 BUILD_MACHINES = {  # each kept build's machine, by table (amendment 17: a table over builds may span machines)
     "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
     "root-only-confirm": {**{k: SECOND_MACHINE for k in (29, 31, 33)},
-                          **{k: MACHINE for k in (30, 32, 34, 35, 36, 37, 38, 39, 40, 41, 42, 44, 46)}},
+                          **{k: MACHINE for k in (30, 32, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48)}},
 }
 
 
