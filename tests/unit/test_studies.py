@@ -204,10 +204,9 @@ def test_the_posterior_confirmatory_reading_comes_back_from_its_builds_reports(t
 
 
 SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
-BUILD_MACHINES = {  # each kept build's machine, by table (amendment 17: a table over builds may span machines)
+BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over builds may span machines)
     "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
-    "root-only-confirm": {**{k: SECOND_MACHINE for k in (29, 31, 33)},
-                          **{k: MACHINE for k in (30, 32, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48)}},
+    "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
 }
 
 
