@@ -105,8 +105,8 @@ profile_stage() {  # one precision
 # imports verl): `tests/verl` and `benchmarks/verl/vllm_rollout.py` check those on a CPU.
 recipe_stage() {  # one precision
     suffix=-verl-recipe train_stage "$1" --config configs/trace.toml --set data.domain=multihop --set method=trace \
-        --set data.max_turns=6 --set data.max_tokens_per_turn=512 --set allocation.rollouts_per_prompt=8 \
-        --set allocation.m_max=16 --set allocation.num_prompts=16 ${RECIPE_SET:-}
+        --set data.max_turns=6 --set data.max_tokens_per_turn=512 --set data.max_tokens_per_rollout=8192 \
+        --set allocation.rollouts_per_prompt=8 --set allocation.m_max=16 --set allocation.num_prompts=16 ${RECIPE_SET:-}
 }
 for stage in $STAGES; do
     case $stage in
