@@ -193,14 +193,19 @@ def test_the_registered_seed_counts_come_back_from_their_reports():
 SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
 
 
-def test_the_posterior_confirmatory_reading_comes_back_from_its_builds_reports(tmp_path, capsys):
-    """studies/posterior-confirm/primary.md is what posterior_confirm.py reads from the 24 builds' kept reports
-    (each build's report against `pcl` and, in vs-grpo/, against `grpo`)."""
-    folder = STUDIES / "posterior-confirm" / "reports"
-    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in range(5, 29))
-    assert load_study_script("posterior_confirm").main([str(folder), "--out", str(tmp_path / "primary.md")]) == 0
+@pytest.mark.parametrize("table, design, builds", [("posterior-confirm", "posterior", range(5, 29)),
+                                                    ("root-only-confirm", "root-only", range(29, 53))])
+def test_a_confirmatory_reading_over_builds_comes_back_from_its_builds_reports(table, design, builds, tmp_path,
+                                                                              capsys):
+    """studies/<table>/primary.md is what posterior_confirm.py reads from the 24 builds' kept reports (each build's
+    report against `pcl` and, in vs-grpo/, against `grpo`; where the builds span machines, each run's
+    saved_on.json, which names its machine)."""
+    folder = STUDIES / table / "reports"
+    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in builds)
+    out = tmp_path / "primary.md"
+    assert load_study_script("posterior_confirm").main([str(folder), "--design", design, "--out", str(out)]) == 0
     capsys.readouterr()
-    assert (tmp_path / "primary.md").read_text() == (STUDIES / "posterior-confirm" / "primary.md").read_text()
+    assert out.read_text() == (STUDIES / table / "primary.md").read_text()
 
 
 SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
