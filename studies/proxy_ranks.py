@@ -14,8 +14,9 @@ methods only once it is shown to order them as held-out success at equal sampled
 A tau near +1 means the proxy orders methods as held-out success does. Tables: the two confirmatory tables (3
 methods), the samplers table (6 methods: `pilot_commit` is left out, it trains as `speed` does), the headroom pilot
 and the domain tables, one build each (a reading is the build's); and the two tables read over builds, where builds
-(one seed each, against `pcl`) stand where seeds stand: the posterior screen (five builds, 5 methods) and the
-posterior confirmatory table (24 builds, 6 methods, its kept reports in `posterior-confirm/reports/`).
+(one seed each, against `pcl`) stand where seeds stand: the posterior screen (five builds, 5 methods), the
+posterior confirmatory table (24 builds, 6 methods, its kept reports in `posterior-confirm/reports/`) and
+`trace-root-only`'s (24 other builds, 4 methods, `root-only-confirm/reports/`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ STUDIES = Path(__file__).resolve().parent
 TABLES = ("preregistered-headroom", "preregistered-default", "samplers-headroom", "preregistered-headroom-pilot",
           "domain-math", "domain-funcall", "domain-funcall-equal-tokens")
 OVER_BUILDS = {"posterior-screen": STUDIES / "posterior-screen",  # one seed a build: builds stand for seeds
-               "posterior-confirm": STUDIES / "posterior-confirm" / "reports"}
+               "posterior-confirm": STUDIES / "posterior-confirm" / "reports",
+               "root-only-confirm": STUDIES / "root-only-confirm" / "reports"}
 PROXIES = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
 LEFT_OUT = {"pilot_commit"}  # trains as speed does at the shared screening size (studies/samplers-headroom/)
 RESAMPLES = 4000
