@@ -13,7 +13,7 @@ methods only once it is shown to order them as held-out success at equal sampled
 
 A tau near +1 means the proxy orders methods as held-out success does. Tables: the two confirmatory tables (3
 methods), the samplers table (6 methods: `pilot_commit` is left out, it trains as `speed` does), the headroom pilot
-and the domain tables, one build each (a reading is the build's); and the two tables read over builds, where builds
+and the domain tables, one build each (a reading is the build's); and the three tables read over builds, where builds
 (one seed each, against `pcl`) stand where seeds stand: the posterior screen (five builds, 5 methods), the
 posterior confirmatory table (24 builds, 6 methods, its kept reports in `posterior-confirm/reports/`) and
 `trace-root-only`'s (24 other builds, 4 methods, `root-only-confirm/reports/`).
