@@ -193,29 +193,28 @@ def test_the_registered_seed_counts_come_back_from_their_reports():
 SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "knapsack_rl"]
 
 
-@pytest.mark.parametrize("table, design, builds", [("posterior-confirm", "posterior", range(5, 29)),
-                                                    ("root-only-confirm", "root-only", range(29, 53))])
-def test_a_confirmatory_reading_over_builds_comes_back_from_its_builds_reports(table, design, builds, tmp_path,
-                                                                              capsys):
+SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
+BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over builds may span machines)
+    "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
+    "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
+}
+OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design
+
+
+@pytest.mark.parametrize("table, design", OVER_BUILDS)
+def test_a_confirmatory_reading_over_builds_comes_back_from_its_builds_reports(table, design, tmp_path, capsys):
     """studies/<table>/primary.md is what posterior_confirm.py reads from the 24 builds' kept reports (each build's
     report against `pcl` and, in vs-grpo/, against `grpo`; where the builds span machines, each run's
     saved_on.json, which names its machine)."""
     folder = STUDIES / table / "reports"
-    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in builds)
+    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in BUILD_MACHINES[table])
     out = tmp_path / "primary.md"
     assert load_study_script("posterior_confirm").main([str(folder), "--design", design, "--out", str(out)]) == 0
     capsys.readouterr()
     assert out.read_text() == (STUDIES / table / "primary.md").read_text()
 
 
-SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
-BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over builds may span machines)
-    "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
-    "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
-}
-
-
-@pytest.mark.parametrize("table, design", [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")])
+@pytest.mark.parametrize("table, design", OVER_BUILDS)
 def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, design, tmp_path):
     """studies/<table>/build<k>.tar.xz (no success figure read here): seed 0 of the design's methods,
     finished on the machine `BUILD_MACHINES` names, from one build whose weights no other kept build shares, no
