@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from tracerl.io.files.runlog import read_metrics
+from tracerl.report.compare import load_run, paired_spread
 
 _spec = importlib.util.spec_from_file_location("power", Path(__file__).resolve().parent / "power.py")
 power_module = importlib.util.module_from_spec(_spec)
@@ -74,16 +75,13 @@ def seed_costs(runs_dir: Path, labels: list[str], seeds: list[int]) -> list[Seed
 
 
 def paired_spread_at_stop(runs_dir: Path, method: str, baseline: str, seeds: list[int]) -> float:
-    """The spread per question (points) of `method` minus `baseline` between each seed's last evaluations, the
-    root of its mean variance over seeds: what a reading at equal sampled tokens pays where the two runs stop at
-    different steps (the report's `sd_paired_per_question` pairs evaluations of the same step only, so it has none
-    there)."""
-    def last(label: str, seed: int) -> np.ndarray:
-        evals = [r for r in read_metrics(runs_dir / f"{label}-seed{seed}") if r.get("kind") == "eval"]
-        return np.asarray(evals[-1]["eval/per_prompt"], dtype=float)
+    """The spread per question (points) of `method` minus `baseline` between each seed's last evaluations
+    (`tracerl.report.compare.paired_spread`): what a reading at equal sampled tokens pays where the two runs stop at
+    different steps, so that no evaluation but the start pairs by step."""
+    def runs(label: str) -> list[dict]:
+        return [load_run(runs_dir / f"{label}-seed{seed}") for seed in seeds]
 
-    variances = [float(np.var(last(method, seed) - last(baseline, seed), ddof=1)) for seed in seeds]
-    return 100 * math.sqrt(float(np.mean(variances)))
+    return 100 * paired_spread(runs(method), runs(baseline), at_stop=True)
 
 
 def chi2_bounds(n: int, level: float = 0.8) -> tuple[float, float]:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tracerl.io.files.runlog import RunLog
-from tracerl.report.compare import complete_seeds, run_dir_name, summarize, to_markdown, write_report
+from tracerl.report.compare import (complete_seeds, load_run, paired_spread, run_dir_name, summarize,
+                                    to_markdown, write_report)
 
 pytest.importorskip("matplotlib")
 
@@ -238,6 +239,26 @@ def test_the_resolution_line_measures_the_spread_of_one_question_alone_and_paire
     assert res["sd_per_question"] > 4 * res["sd_paired_per_question"]
     assert res["paired_questions_for_target"] < res["questions_for_target"]
     assert res["eval_steps"] == [0, 2]
+
+
+def test_runs_that_stop_at_different_steps_read_the_paired_resolution_between_their_last_evaluations(tmp_path):
+    """Under one token budget trace stops at step 6 and grpo at step 4: no evaluation but the start pairs by step,
+    so the paired spread is read between each seed's last evaluations, +-0.2 per question on seed 0 and +-0.1 on
+    seed 1: sqrt(mean(var)) over the two seeds."""
+    hard_easy = [0.0, 1.0] * 4
+    for seed, delta in ((0, 0.2), (1, 0.1)):
+        write_run(tmp_path, "grpo", seed, {0: hard_easy, 4: hard_easy}, 100)
+        write_run(tmp_path, "trace", seed, {0: hard_easy, 6: [v + delta * (-1) ** i for i, v in enumerate(hard_easy)]},
+                  50)
+    runs = {label: [load_run(tmp_path / run_dir_name(label, seed)) for seed in (0, 1)] for label in ("grpo", "trace")}
+    res = summarize(runs, "grpo", [0, 1])["resolution"]
+    expected = np.sqrt(np.mean([np.var([d, -d] * 4, ddof=1) for d in (0.2, 0.1)]))
+    assert np.isnan(res["sd_paired_per_question"]) and res["paired_questions_for_target"] is None
+    assert res["sd_paired_at_stop_per_question"] == pytest.approx(expected)
+    assert paired_spread(runs["trace"], runs["grpo"], at_stop=True) == pytest.approx(expected)
+    assert res["paired_at_stop_questions_for_target"] < res["questions_for_target"]
+    text = to_markdown({**summarize(runs, "grpo", [0, 1]), "weights": None}, "cmd")
+    assert f"The paired difference from grpo between each seed's last evaluations spreads sd {expected:.3f}" in text
 
 
 def test_where_the_tokens_went_is_read_per_seed_with_an_interval(tmp_path):

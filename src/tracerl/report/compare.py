@@ -286,34 +286,59 @@ def _holm_within_table(rows: dict[str, dict[str, Any]], baseline: str) -> None:
             rows[label][f"diff_at_equal_{axis}"]["p_holm"] = p
 
 
+def _paired_variances(runs: list[dict], base_runs: list[dict], at_stop: bool) -> list[float]:
+    variances = []
+    for run, base_run in zip(runs, base_runs):
+        if at_stop:
+            pairs = [(run["eval"][-1], base_run["eval"][-1])] if run["eval"] and base_run["eval"] else []
+        else:
+            base = {r["step"]: r for r in base_run["eval"] if r["step"] > 0}
+            pairs = [(r, base[r["step"]]) for r in run["eval"] if r["step"] in base]
+        variances += [float(np.var(np.subtract(a["eval/per_prompt"], b["eval/per_prompt"]), ddof=1))
+                      for a, b in pairs if a["step"] > 0 and b["step"] > 0 and len(a["eval/per_prompt"]) > 1]
+    return variances
+
+
+def _root_mean(variances: list[float]) -> float:
+    return float(np.sqrt(np.mean(variances))) if variances else float("nan")
+
+
+def paired_spread(runs: list[dict], base_runs: list[dict], at_stop: bool = False) -> float:
+    """The spread per question of one method's held-out success minus a baseline's, seed by seed on the same
+    questions: the root of the mean, over the paired evaluations, of the per-question difference's variance. Pairs
+    the evaluations of the same step (step 0 left out) or, with `at_stop`, each seed's two last evaluations, which
+    is what a reading at equal sampled tokens compares where the two runs stop at different steps. NaN without a
+    pair (or with fewer than two questions)."""
+    return _root_mean(_paired_variances(runs, base_runs, at_stop))
+
+
 def resolution(runs: dict[str, list[dict]], baseline: str | None = None) -> dict[str, Any]:
     """How finely one evaluation point resolves success: the spread over questions of a question's avg@k success
     (pooled over every run's evaluations), the standard error of one point with the questions used, and the
     questions per point for a standard error of TARGET_POINT_SE; with a baseline, the same for the paired
-    difference (method minus baseline on the same questions at the same step, step 0 left out), which is what a
-    paired reading pays: question difficulty cancels in it."""
+    difference (method minus baseline on the same questions: `paired_spread`), which is what a paired reading pays:
+    question difficulty cancels in it. The paired difference is read twice: at the same step, and between each
+    seed's last evaluations (the only pairing where runs under one token budget stop at different steps)."""
     variances = [np.var(r["eval/per_prompt"], ddof=1) for seed_runs in runs.values() for run in seed_runs
                  for r in run["eval"] if len(r["eval/per_prompt"]) > 1]
     first = next(iter(runs.values()))[0]["eval"]
     num_q = len(first[0]["eval/per_prompt"])
     sd = float(np.sqrt(np.mean(variances))) if variances else float("nan")
-    paired = []
-    for label, seed_runs in runs.items():
-        if baseline is None or label == baseline or num_q < 2:
-            continue
-        for run, base_run in zip(seed_runs, runs[baseline]):
-            base = {r["step"]: r["eval/per_prompt"] for r in base_run["eval"] if r["step"] > 0}
-            paired += [np.var(np.subtract(r["eval/per_prompt"], base[r["step"]]), ddof=1)
-                       for r in run["eval"] if r["step"] in base]
-    sd_paired = float(np.sqrt(np.mean(paired))) if paired else float("nan")
+    others = [label for label in runs if baseline is not None and label != baseline]
+
+    def pooled(at_stop: bool) -> float:  # every method's paired evaluations against the baseline, pooled
+        return _root_mean([v for label in others for v in _paired_variances(runs[label], runs[baseline], at_stop)])
 
     def questions(spread):
         return num_eval_questions(spread, TARGET_POINT_SE) if np.isfinite(spread) else None
 
+    sd_paired, sd_stop = pooled(False), pooled(True)
     return {"sd_per_question": sd, "num_questions": num_q, "point_se": sd / np.sqrt(num_q),
             "eval_steps": [r["step"] for r in first], "target_point_se": TARGET_POINT_SE,
             "questions_for_target": questions(sd), "sd_paired_per_question": sd_paired,
-            "paired_point_se": sd_paired / np.sqrt(num_q), "paired_questions_for_target": questions(sd_paired)}
+            "paired_point_se": sd_paired / np.sqrt(num_q), "paired_questions_for_target": questions(sd_paired),
+            "sd_paired_at_stop_per_question": sd_stop, "paired_at_stop_point_se": sd_stop / np.sqrt(num_q),
+            "paired_at_stop_questions_for_target": questions(sd_stop)}
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -383,6 +408,21 @@ def _steps(methods: dict[str, dict[str, Any]]) -> str:
                                        for label, (lo, hi) in ranges.items())
 
 
+def _paired_sentence(res: dict[str, Any], base: str) -> str:
+    """The resolution of the paired difference: at the same steps, or where the runs share no evaluation step but
+    the start (runs under one token budget), between each seed's last evaluations."""
+    if res.get("paired_questions_for_target"):
+        sd, se, needs, where = (res["sd_paired_per_question"], res["paired_point_se"],
+                                res["paired_questions_for_target"], "")
+    elif res.get("paired_at_stop_questions_for_target"):
+        sd, se, needs, where = (res["sd_paired_at_stop_per_question"], res["paired_at_stop_point_se"],
+                                res["paired_at_stop_questions_for_target"], " between each seed's last evaluations")
+    else:
+        return ""
+    return (f" The paired difference from {base}{where} spreads sd {sd:.3f} per question: SE {_pct(se)} a point; "
+            f"SE {_pct(res['target_point_se'])} needs {needs} questions.")
+
+
 def to_markdown(summary: dict[str, Any], command: str) -> str:
     base, methods = summary["baseline"], summary["methods"]
     any_row = next(iter(methods.values()))
@@ -444,10 +484,7 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
                   f"questions, so one evaluation point of {res['num_questions']} questions has SE "
                   f"{_pct(res['point_se'])}; SE {_pct(res['target_point_se'])} needs {res['questions_for_target']} "
                   f"questions a point."
-                  + (f" The paired difference from {base} spreads sd {res['sd_paired_per_question']:.3f} per "
-                     f"question: SE {_pct(res['paired_point_se'])} a point; SE {_pct(res['target_point_se'])} needs "
-                     f"{res['paired_questions_for_target']} questions." if res.get("paired_questions_for_target")
-                     else "")
+                  + _paired_sentence(res, base)
                   + f" Evaluated at steps {', '.join(map(str, res['eval_steps']))}."]
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
