@@ -109,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                 floor, _ = evaluate_checkpoint(a, coupled=False, seed_offset=FLOOR_SEED_OFFSET)
                 lines.append(f"| {a.name} - itself | independent, another seed (noise floor) | "
                              f"{spread(runs['independent'][0] - floor)} |")
-            ratios.append(np.var(runs["coupled"][0] - runs["coupled"][1], ddof=1)
-                          / np.var(runs["independent"][0] - runs["independent"][1], ddof=1))
+            coupled, independent = (float(np.var(runs[mode][0] - runs[mode][1], ddof=1))
+                                    for mode in ("coupled", "independent"))
+            ratios.append(coupled / independent if independent > 0 else float("nan"))  # no spread: no ratio
             print(lines[-3 + args.no_floor:], file=sys.stderr, flush=True)
     text = "\n".join(lines) + (f"\n\nVariance of the per-question difference, coupled over independent: "
                                f"{', '.join(f'{r:.2f}' for r in ratios)} (pairs in order)")

@@ -535,6 +535,7 @@ def _upper_hull(u: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     h = int(top.max())
     ends, starts = stack[:, 1:h + 1], stack[:, :h]
     valid = np.arange(h) < top[:, None]
-    slopes = (y[r[:, None], ends] - y[r[:, None], starts]) / (x[ends] - x[starts])
-    slopes = np.minimum.accumulate(np.where(valid, slopes, -np.inf), axis=1)
+    rise = y[r[:, None], ends] - y[r[:, None], starts]
+    slopes = np.divide(rise, x[ends] - x[starts], out=np.full(rise.shape, -np.inf), where=valid)  # past a hull: none
+    slopes = np.minimum.accumulate(slopes, axis=1)
     return slopes, np.where(valid, x[ends], 0).astype(np.int64)
