@@ -251,13 +251,14 @@ def test_runs_that_stop_at_different_steps_read_the_paired_resolution_between_th
         write_run(tmp_path, "trace", seed, {0: hard_easy, 6: [v + delta * (-1) ** i for i, v in enumerate(hard_easy)]},
                   50)
     runs = {label: [load_run(tmp_path / run_dir_name(label, seed)) for seed in (0, 1)] for label in ("grpo", "trace")}
-    res = summarize(runs, "grpo", [0, 1])["resolution"]
+    summary = summarize(runs, "grpo", [0, 1])
+    res = summary["resolution"]
     expected = np.sqrt(np.mean([np.var([d, -d] * 4, ddof=1) for d in (0.2, 0.1)]))
     assert np.isnan(res["sd_paired_per_question"]) and res["paired_questions_for_target"] is None
     assert res["sd_paired_at_stop_per_question"] == pytest.approx(expected)
     assert paired_spread(runs["trace"], runs["grpo"], at_stop=True) == pytest.approx(expected)
     assert res["paired_at_stop_questions_for_target"] < res["questions_for_target"]
-    text = to_markdown({**summarize(runs, "grpo", [0, 1]), "weights": None}, "cmd")
+    text = to_markdown({**summary, "weights": None}, "cmd")
     assert f"The paired difference from grpo between each seed's last evaluations spreads sd {expected:.3f}" in text
 
 

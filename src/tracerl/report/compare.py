@@ -323,7 +323,7 @@ def resolution(runs: dict[str, list[dict]], baseline: str | None = None) -> dict
                  for r in run["eval"] if len(r["eval/per_prompt"]) > 1]
     first = next(iter(runs.values()))[0]["eval"]
     num_q = len(first[0]["eval/per_prompt"])
-    sd = float(np.sqrt(np.mean(variances))) if variances else float("nan")
+    sd = _root_mean(variances)
     others = [label for label in runs if baseline is not None and label != baseline]
 
     def pooled(at_stop: bool) -> float:  # every method's paired evaluations against the baseline, pooled
