@@ -100,6 +100,21 @@ def test_unfinished_seeds_are_left_out_and_the_report_says_which(tmp_path):
         write_report(tmp_path, ["grpo", "trace"], [2, 3, 4], "grpo", "cmd")
 
 
+def test_a_figure_path_that_is_a_symlink_is_refused_and_what_it_leads_to_is_left_as_it_was(tmp_path):
+    from tracerl.io.files.run_folder import OutsideRun
+
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, {0: [0.1, 0.2], 2: [0.3, 0.2]}, 100)
+        write_run(tmp_path, "trace", seed, {0: [0.1, 0.2], 2: [0.4, 0.3]}, 100)
+    victim = tmp_path / "user-file.txt"
+    victim.write_text("not a figure")
+    (tmp_path / "accuracy_vs_units.png").symlink_to(victim)
+    with pytest.raises(OutsideRun, match="accuracy_vs_units.png"):
+        write_report(tmp_path, ["grpo", "trace"], [0, 1], "grpo", "cmd")
+    assert victim.read_text() == "not a figure"
+    assert (tmp_path / "accuracy_vs_units.png").is_symlink()
+
+
 def test_markdown_shows_the_paired_intervals(tmp_path):
     for seed in (0, 1):
         write_run(tmp_path, "grpo", seed, {0: [0.2] * 3, 2: [0.4] * 3}, 100)

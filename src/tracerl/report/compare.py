@@ -56,6 +56,7 @@ from tracerl.core.stats import (
 from tracerl.io.files import read_utf8
 from tracerl.io.files.run_folder import run_path
 from tracerl.io.files.runlog import finished_run, read_metrics, read_trees
+from tracerl.report.figures import finish_axes, save_figure
 from tracerl.report.provenance import check_same_weights, provenance_sentence, read_provenance
 
 Say = Callable[[str], None]
@@ -557,17 +558,8 @@ def _figure(plt, curves: dict[str, tuple], xlabel: str, ylabel: str, title: str,
         ax.plot(x, y, marker=marker, label=label, color=color)
         for sx, sy in (thin or {}).get(label, []):
             ax.plot(sx, sy, color=color, alpha=0.25, linewidth=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if ylim:
-        ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    finish_axes(ax, xlabel, ylabel, title, ylim)
+    return save_figure(plt, fig, path, dpi=120)
 
 
 def _seed_panels(plt, per_seed: dict[str, list[tuple]], seeds: list[int], xlabel: str, path: Path) -> Path:
@@ -587,7 +579,4 @@ def _seed_panels(plt, per_seed: dict[str, list[tuple]], seeds: list[int], xlabel
         axes[s // cols][s % cols].axis("off")
     axes[0][0].set_ylabel("held-out success")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=100)

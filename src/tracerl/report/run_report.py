@@ -33,8 +33,9 @@ from tracerl.core.calibration import calibration_metrics, expand_soft_targets, r
 from tracerl.core.methods import METHODS
 from tracerl.core.tree import Tree
 from tracerl.io.files import read_utf8
-from tracerl.io.files.run_folder import replacing, run_path, write_atomic
+from tracerl.io.files.run_folder import run_path, write_atomic
 from tracerl.io.files.runlog import read_metrics, read_trees
+from tracerl.report.figures import finish_axes, save_figure
 from tracerl.report.view import tree_steps
 
 REPORT_FILE = "report.md"
@@ -145,13 +146,13 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
             ax.errorbar([r["step"] for r in evals], [_value(r, "eval/success") for r in evals],
                         yerr=[_value(r, "eval/success_se") for r in evals], fmt="o-", capsize=3,
                         label="held-out (eval/success ± SE)")
-        _finish(ax, "step", "success rate", "success over training", (0, 1))
-        paths["success"] = _save(plt, fig, out / FIGURES["success"])
+        finish_axes(ax, "step", "success rate", "success over training", (0, 1))
+        paths["success"] = save_figure(plt, fig, out / FIGURES["success"])
     if train:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["step"] for r in train], [_value(r, "alloc/effective_ratio") for r in train], "o-")
-        _finish(ax, "step", "effective ratio (mixed trees / prompts)", "effective ratio per step", (0, 1), legend=False)
-        paths["effective_ratio"] = _save(plt, fig, out / FIGURES["effective_ratio"])
+        finish_axes(ax, "step", "effective ratio (mixed trees / prompts)", "effective ratio per step", (0, 1), legend=False)
+        paths["effective_ratio"] = save_figure(plt, fig, out / FIGURES["effective_ratio"])
     pred = run["predictions"]
     if len(pred):
         fig, (ax, hist) = plt.subplots(2, 1, figsize=(6, 6), height_ratios=(3, 1), sharex=True)
@@ -165,12 +166,12 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
             ok = ~np.isnan(mean_p)
             ax.plot(mean_p[ok], mean_y[ok], marker=marker, label=f"{name} ({len(sel)} nodes)")
             hist.hist(sel[:, 2], bins=10, range=(0, 1), weights=sel[:, 4], alpha=0.5, label=name)
-        _finish(ax, "", "natural backed-up success", "predictor calibration (saved trees)", (0, 1))
+        finish_axes(ax, "", "natural backed-up success", "predictor calibration (saved trees)", (0, 1))
         ax.set_xlim(0, 1)
         hist.set_xlabel("predicted p (p_pred)")
         hist.set_ylabel("leaves")
         hist.grid(alpha=0.3)
-        paths["calibration"] = _save(plt, fig, out / FIGURES["calibration"])
+        paths["calibration"] = save_figure(plt, fig, out / FIGURES["calibration"])
     if run["budget"]:
         b = run["budget"]
         steps = np.array([x["step"] for x in b])
@@ -178,28 +179,9 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.bar(steps, roots, label="roots (stage 1)")
         ax.bar(steps, prefixes, bottom=roots, label="prefixes (stage 2)")
-        _finish(ax, "step", "budget units", "budget split per step", None)
-        paths["budget"] = _save(plt, fig, out / FIGURES["budget"])
+        finish_axes(ax, "step", "budget units", "budget split per step", None)
+        paths["budget"] = save_figure(plt, fig, out / FIGURES["budget"])
     return paths
-
-
-def _finish(ax, xlabel: str, ylabel: str, title: str, ylim, legend: bool = True) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if ylim:
-        ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=8)
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    with replacing(run_path(path.parent, path.name), fsync=False) as f:  # never through a symlink
-        fig.savefig(f, dpi=110, format="png")
-    plt.close(fig)
-    return path
 
 
 def _pct(x: Any) -> str:
