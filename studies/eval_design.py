@@ -18,10 +18,11 @@ seed); where seeds share most of their questions (the multihop testbeds draw fro
 sampling does not spread the seeds, s_q^2 / n0 can exceed var_seed, and the script says the model does not apply.
 A seed costs its training seconds (every run's `sys/step_seconds`) plus its evaluations' seconds, which scale with
 the questions: cost(n) = train + eval(n0) * n / n0, read from the runs' metrics.jsonl (an evaluation copied from
-another run of the seed, `tracerl compare`'s shared step-0 evaluation, counts once). For each question count the script prints the
-seeds for the target power at the effect (`power.seeds_needed`), the total cost of that design, and the power a
-fixed compute budget buys (`--planned-seeds` seeds at n0 questions) at that question count. The seed spread from a
-pilot of a few seeds is uncertain, so the design is also given with var_train at its 80% chi-square bounds.
+another run of the seed, `tracerl compare`'s shared step-0 evaluation, counts once). For each question count the
+script prints the seeds for the target power at the effect (`power.seeds_needed`), the total cost of that design,
+and the power a fixed compute budget buys (`--planned-seeds` seeds at n0 questions) at that question count. The
+seed spread from a pilot of a few seeds is uncertain, so the design is also given with var_train at its 80%
+chi-square bounds.
 
 Deliberately not here: choosing the evaluation's samples per question (held fixed) and any reading of the
 effect itself (the planned effect, not the pilot's estimate, sizes the design).

@@ -200,7 +200,8 @@ def main() -> None:
         for design in designs:
             v, c = variance(design, var_train, noise), cost(design, t)
             lines.append(f"| {design.name} | {design.steps} | {evaluations_per_seed(design.steps, t['num_methods'])}"
-                         f" | {v:.3f} | {c:.0f} | {ref_var * ref_cost / (v * c):.2f} | {v * c / (ref_var * ref_cost):.0%} |")
+                         f" | {v:.3f} | {c:.0f} | {ref_var * ref_cost / (v * c):.2f}"
+                         f" | {v * c / (ref_var * ref_cost):.0%} |")
         if args.var_build is not None and args.build_seconds is not None:
             z = eval_design.power_module.t_quantile(1 - 0.025 / 2, 10_000) + \
                 eval_design.power_module.t_quantile(0.8, 10_000)

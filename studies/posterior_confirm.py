@@ -47,7 +47,8 @@ import numpy as np
 
 from tracerl.core.stats import bootstrap_over_seeds, holm, seed_mean, t_quantile_975
 
-_spec = importlib.util.spec_from_file_location("posterior_screen", Path(__file__).resolve().parent / "posterior_screen.py")
+_spec = importlib.util.spec_from_file_location("posterior_screen",
+                                               Path(__file__).resolve().parent / "posterior_screen.py")
 posterior_screen = importlib.util.module_from_spec(_spec)
 sys.modules["posterior_screen"] = posterior_screen
 _spec.loader.exec_module(posterior_screen)
@@ -213,8 +214,8 @@ def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR, machine: dict
                          f"{item['question_se']:.2f} |")
     share = goal(rows)
     lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach "
-              f"`grpo`'s final success, median over {share['builds']} builds {_pct(share['median'])} [{_pct(share['lo'])}, "
-              f"{_pct(share['hi'])}] (percentile bootstrap over builds); "
+              f"`grpo`'s final success, median over {share['builds']} builds {_pct(share['median'])} "
+              f"[{_pct(share['lo'])}, {_pct(share['hi'])}] (percentile bootstrap over builds); "
               + ("interim" if interim else ("met" if share["met"] else "not met"))
               + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]
     lines += by_machine(rows, design, machine or {})

@@ -56,8 +56,9 @@ def read(root: Path, needed: tuple[str, ...] = COMPARATORS, report_name: str = "
 
 def to_markdown(rows: dict[int, dict]) -> str:
     methods = [*COMPARATORS, *candidates(rows)]
-    lines = ["| build | weights | start | method | final success | sampled tokens | minus `pcl` at `pcl`'s final tokens "
-             "[95% over questions] | minus `knapsack_rl` |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| build | weights | start | method | final success | sampled tokens "
+             "| minus `pcl` at `pcl`'s final tokens [95% over questions] | minus `knapsack_rl` |",
+             "|---|---|---|---|---|---|---|---|"]
     for k, r in rows.items():
         for m in methods:
             if m not in r["diff"]:
@@ -65,7 +66,8 @@ def to_markdown(rows: dict[int, dict]) -> str:
             lo, hi = r["interval"][m]
             against_knapsack = r["diff"][m] - r["diff"]["knapsack_rl"]
             lines.append(f"| {k} | `{r['weights']}` | {r['start']:.1f}% | `{m}` | {r['final'][m]:.1f}% | "
-                         f"{r['tokens'][m]:,.0f} | {r['diff'][m]:+.2f} [{lo:+.2f}, {hi:+.2f}] | {against_knapsack:+.2f} |")
+                         f"{r['tokens'][m]:,.0f} | {r['diff'][m]:+.2f} [{lo:+.2f}, {hi:+.2f}] "
+                         f"| {against_knapsack:+.2f} |")
     lines += ["", "Over builds (mean, Student-t 95% interval over builds; points at `pcl`'s final sampled tokens):", ""]
     for m in methods[1:]:
         builds = [k for k, r in rows.items() if m in r["diff"]]

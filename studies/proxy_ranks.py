@@ -64,7 +64,8 @@ def table_values(report: dict, proxy: str) -> tuple[list[str], np.ndarray, np.nd
 
 def screen_values(proxy: str, folder: Path = STUDIES / "posterior-screen") -> tuple[list[str], np.ndarray, np.ndarray]:
     """`table_values` over the screen's builds (one seed each): column b is build b's difference from `pcl`."""
-    parts = [table_values(json.loads(report.read_text()), proxy) for report in sorted(folder.glob("build*/compare.json"))]
+    parts = [table_values(json.loads(report.read_text()), proxy)
+             for report in sorted(folder.glob("build*/compare.json"))]
     methods = parts[0][0]
     assert all(p[0] == methods for p in parts), "every build's report holds the same methods in the same order"
     return methods, np.hstack([p[1] for p in parts]), np.hstack([p[2] for p in parts])

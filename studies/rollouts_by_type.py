@@ -7,8 +7,8 @@ A question type is what the domain's rows name in `extra_info` (multihop: `hops`
 `tracerl regime`). "impossible" is a question no policy can answer on the default testbed: unanswerable (a document
 on its chain is missing) or with more hops than the turn cap leaves room for (a search turn per hop, then one turn
 to answer). The rows are rebuilt as the trainer builds them (the run's policy domain, `num_train_prompts` rows of
-the train split drawn with the run's seed), so no data is stored beside the trees. `--skip-steps K` also reports the share after the first K steps, once the predictor has
-seen some outcomes.
+the train split drawn with the run's seed), so no data is stored beside the trees. `--skip-steps K` also reports
+the share after the first K steps, once the predictor has seen some outcomes.
 """
 
 from __future__ import annotations

@@ -346,7 +346,8 @@ def _say(message: str) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="a preset file (configs/*.toml) or a run's config.json (default: built-in defaults)")
+    p.add_argument("--config",
+                   help="a preset file (configs/*.toml) or a run's config.json (default: built-in defaults)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=1e-3 --set allocation.k_max=null (repeatable)")
 
@@ -453,8 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories with a checkpoint (one "
                                                                   "per seed: the summary pairs methods by checkpoint)")
     p.add_argument("--methods", default="grpo,pcl,trace",
-                   help="comma-separated method presets (default grpo,pcl,trace); a variant takes overrides in brackets, "
-                        "as for compare: grpo[allocation.num_prompts=32;allocation.rollouts_per_prompt=4]")
+                   help="comma-separated method presets (default grpo,pcl,trace); a variant takes overrides in "
+                        "brackets, as for compare: grpo[allocation.num_prompts=32;allocation.rollouts_per_prompt=4]")
     p.add_argument("--baseline", default="grpo", help="the method the others are paired against")
     p.add_argument("--draws", type=int, help="steps each method draws from the checkpoint (default 8)")
     p.add_argument("--reference-prompts", type=int, help="held-out questions of the reference gradient (default 256)")
