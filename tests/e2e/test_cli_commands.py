@@ -280,8 +280,9 @@ def test_a_reward_that_always_fails_is_shown_and_fails_the_command(tmp_path, cap
     sets = [f"policy.embedded={json.dumps(ANSWERING)}", f"policy.cache_dir={tmp_path / 'cache'}", "run.num_steps=1",
             "run.eval_prompts=4", "run.eval_samples=2", "run.num_threads=1", "run.progress=false",
             "allocation.num_prompts=4", "allocation.rollouts_per_prompt=2", "data.max_turns=3"]
-    status, text, err = run(capsys, "train", "--config", tmp_path / "config.toml", "--out", out,
-                            *(arg for s in sets for arg in ("--set", s)))
+    with pytest.warns(UserWarning, match=r"the reward function failed on \d+ of \d+ calls so far .* fix the reward"):
+        status, text, err = run(capsys, "train", "--config", tmp_path / "config.toml", "--out", out,
+                                *(arg for s in sets for arg in ("--set", s)))
     assert "reward failures in training" in text and "reward failures in held-out evaluation" in text, text
     assert "WARNING: most training reward calls failed" in text
     report = (out / "report.md").read_text()

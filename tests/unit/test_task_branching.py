@@ -182,7 +182,9 @@ def test_a_failing_reward_is_a_counted_failed_leaf_not_a_crash(renderer, tmp_pat
     env.reset(domain.rows("train", 1)[0])
     with pytest.raises(RewardError):
         env.step("<answer>3</answer>")
-    trees, _, driver = grow_and_branch(domain, renderer)
+    with pytest.warns(UserWarning, match=r"failed on 8 of 8 calls so far .* fix the reward") as said:
+        trees, _, driver = grow_and_branch(domain, renderer)
+    assert sum("fix the reward" in str(w.message) for w in said) == 1  # said once, at the 8th call, not per failure
     leaves = [t.nodes[leaf] for t in trees for leaf in t.leaves()]
     assert len(leaves) == 9 and all(n.reward == 0.0 and n.finish_reason == "error" for n in leaves)
     assert driver.counters["rollout/env_exceptions"] == 9
