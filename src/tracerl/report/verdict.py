@@ -103,7 +103,10 @@ def _check(summaries: list[dict[str, Any]], method: str) -> None:
                          "tracerl compare --report-only")
 
 
-def _equal_tokens(diff: dict[str, Any], p_holm: float, plan: Plan) -> dict[str, Any]:
+def equal_tokens_reading(diff: dict[str, Any], p_holm: float, plan: Plan) -> dict[str, Any]:
+    """One equal-token difference (a report's `diff_at_equal_tokens`) read by the rule, given its Holm-adjusted p:
+    established when that p is at most `plan.alpha` (the sign says for or against `plan.method`), refuted when the
+    95% t interval lies below `plan.min_effect`, unresolved otherwise."""
     established = p_holm <= plan.alpha
     if established:
         verdict = f"established: {plan.method} {'better' if diff['mean'] > 0 else 'worse'}"
@@ -159,7 +162,7 @@ def primary_verdict(summaries: list[dict[str, Any]], plan: Plan) -> dict[str, An
         base, row = summary["baseline"], summary["methods"][plan.method]
         base_row = summary["methods"][summary["baseline"]]
         comparisons.append({
-            "comparator": base, "equal_tokens": _equal_tokens(diff, p_holm, plan), "share": _share(row, plan),
+            "comparator": base, "equal_tokens": equal_tokens_reading(diff, p_holm, plan), "share": _share(row, plan),
             "signal": {plan.method: row.get("informative_sampled_tokens_per_token"),
                        base: base_row.get("informative_sampled_tokens_per_token"),
                        **_signal_diffs(row.get("signal_vs_baseline") or {})},
@@ -223,7 +226,7 @@ def testbed_verdict(reports: dict[str, dict[str, Any]], plans: dict[str, Plan]) 
             "testbed": name, "seeds": list(summary["seeds"]), "planned_seeds": plan.planned_seeds, "interim": interim,
             "weights_sha256": summary.get("weights", {}).get("weights_sha256"),
             "regime": _pooled_regime(summary.get("regime", [])),
-            "equal_tokens": _equal_tokens(diffs[name], adjusted[name], plan), "share": _share(row, plan),
+            "equal_tokens": equal_tokens_reading(diffs[name], adjusted[name], plan), "share": _share(row, plan),
             "eval_points": len((summary.get("resolution") or {}).get("eval_steps") or []) or None,
             "signal": _signal_diffs(row.get("signal_vs_baseline") or {})})
     return {"method": first.method, "comparator": next(iter(baselines.values())), "testbeds": testbeds,
