@@ -52,7 +52,8 @@ def test_the_question_is_read_with_holm_over_the_two_domains_or_its_bounds(tmp_p
 def test_an_interval_below_half_a_point_is_refuted_and_a_negative_established_one_is_against(tmp_path):
     write_table(tmp_path, diff(-0.8, -1.5, +0.4, 0.03), NOTHING, NOTHING)
     assert confirm.question(confirm.read_reports(tmp_path), None)["verdict"] == "waits on math's (a)"
-    assert confirm.question(confirm.read_reports(tmp_path), 0.2)["verdict"] == "refuted: the interval excludes +0.5 points"
+    refuted = confirm.question(confirm.read_reports(tmp_path), 0.2)["verdict"]
+    assert refuted == "refuted: the interval excludes +0.5 points"
     write_table(tmp_path, diff(-1.0, -1.6, -0.4, 0.001), NOTHING, NOTHING)
     assert confirm.question(confirm.read_reports(tmp_path), None)["verdict"].startswith("established: trace worse")
 
