@@ -346,8 +346,7 @@ def _say(message: str) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config",
-                   help="a preset file (configs/*.toml) or a run's config.json (default: built-in defaults)")
+    p.add_argument("--config", help="a preset (configs/*.toml) or a run's config.json (default: built-in defaults)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=1e-3 --set allocation.k_max=null (repeatable)")
 
