@@ -10,9 +10,10 @@
   testbed's runs were not kept, so its figures start from its reports).
 - The seed counts the plan registered ("Seed counts", amendments 2 and 6), by `power.py` from the reports they were
   read from.
-- The designs not yet read (function calling's confirmatory runs, math's pilot): their archives hold the whole,
-  finished seeds their READMEs list, all from the one build kept with them, saved on the machine they name. No
-  success figure of theirs is computed: the plan reads them once complete.
+- Function calling's confirmatory table (`studies/domain-funcall-confirmatory/`): its 267 runs restored, its two
+  reports written again field for field, and `funcall_confirm.py` writes the committed primary.md from them.
+- Every archive holds the whole, finished seeds its README lists, all from the one build kept with it (where one
+  is), saved on the machine it names.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; the `posterior`
   table's, one per build, each hold that build's six finished runs and no build.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
@@ -21,8 +22,8 @@
   per-seed values (`restate_reports.py --check`).
 
 Tables that cannot be regenerated, and why, are listed in studies/README.md ("What is kept"). Slow
-(tests/conftest.py): the two reports' bootstraps over 41 seeds and the archives' compression take 75-125 s on the
-2-core machine.
+(tests/conftest.py): the reports' bootstraps over 41 and 89 seeds and the archives' compression take minutes on
+the 2-core machine.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tracerl.cli import main as tracerl
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = ROOT / "studies"
 HEADROOM = STUDIES / "preregistered-headroom"
+FUNCALL = STUDIES / "domain-funcall-confirmatory"
 PLANNED_SEEDS = {"preregistered-default": 30, "preregistered-headroom": 41}  # the plan, amendment 2
 LABELS = ["grpo", "pcl", "trace"]
 MACHINE = "1ddebed04610ae65"  # the CPU flags hash of the machine every kept run trained on (the READMEs)
@@ -52,22 +54,40 @@ def recorded_command(report: Path) -> list[str]:
     return shlex.split(line[len("Command: `tracerl "):-1])
 
 
-@pytest.fixture(scope="module")
-def headroom(tmp_path_factory):
-    """The headroom table's reports and verdict written again from its archive, laid out as preregistered.sh lays
-    them out (a folder of the same name, vs-pcl/ in it); returns (that folder, the restored runs)."""
-    base = tmp_path_factory.mktemp("headroom")
-    runs, table = base / "runs", base / HEADROOM.name
-    restored = load_study_script("run_records").restore(HEADROOM / "runs.tar.xz", runs)
-    assert len(restored) == 3 * PLANNED_SEEDS[HEADROOM.name], restored
+def reports_again(kept: Path, base: Path, runs_planned: int) -> tuple[Path, Path]:
+    """kept's two reports (against its baseline, and in vs-pcl/ against `pcl`) written again from its archive by the
+    `tracerl compare --report-only` commands they record, laid out as kept (a folder of the same name under base,
+    with the main report's plots); returns (that folder, the restored runs)."""
+    runs, table = base / "runs", base / kept.name
+    restored = load_study_script("run_records").restore(kept / "runs.tar.xz", runs)
+    assert len(restored) == runs_planned, restored
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)  # the recorded --config is relative to the repository
         for sub in ("", "vs-pcl"):
             (table / sub).mkdir(parents=True, exist_ok=True)
-            status = tracerl([*recorded_command(HEADROOM / sub / "compare.md"), "--out", str(runs), "--report-only"])
+            status = tracerl([*recorded_command(kept / sub / "compare.md"), "--out", str(runs), "--report-only"])
             assert status == 0
             for path in [runs / "compare.md", runs / "compare.json", *(runs.glob("*.png") if not sub else [])]:
                 shutil.copy2(path, table / sub / path.name)
+    return table, runs
+
+
+def same_reports(kept: Path, again: Path) -> None:
+    """Every field of kept's two compare.json is the same in the reports written again, and so is each compare.md."""
+    same_report = load_study_script("same_report")
+    for name in ("compare.json", "vs-pcl/compare.json"):
+        mismatches, _ = same_report.differences(json.loads((kept / name).read_text()),
+                                                json.loads((again / name).read_text()))
+        assert mismatches == [], f"{name}: the report over the archive's runs differs from the committed one"
+        markdown = name.replace(".json", ".md")
+        assert (again / markdown).read_text() == (kept / markdown).read_text(), markdown
+
+
+@pytest.fixture(scope="module")
+def headroom(tmp_path_factory):
+    """The headroom table's reports and verdict written again from its archive; returns (that folder, the restored
+    runs)."""
+    table, runs = reports_again(HEADROOM, tmp_path_factory.mktemp("headroom"), 3 * PLANNED_SEEDS[HEADROOM.name])
     assert tracerl(["verdict", str(table), str(table / "vs-pcl"), "--planned-seeds",
                     str(PLANNED_SEEDS[HEADROOM.name]), "--out", str(table)]) == 0
     return table, runs
@@ -88,13 +108,7 @@ def test_the_headroom_tables_primary_differences_come_back_from_its_archive(head
 
 def test_the_headroom_reports_come_back_field_for_field(headroom):
     table, _ = headroom
-    same_report = load_study_script("same_report")
-    for name in ("compare.json", "vs-pcl/compare.json"):
-        mismatches, _ = same_report.differences(json.loads((HEADROOM / name).read_text()),
-                                                json.loads((table / name).read_text()))
-        assert mismatches == [], f"{name}: the report over the archive's runs differs from the committed one"
-        markdown = name.replace(".json", ".md")
-        assert (table / markdown).read_text() == (HEADROOM / markdown).read_text(), markdown
+    same_reports(HEADROOM, table)
     for name in ("primary.md", "primary.json"):
         assert (table / name).read_text() == (HEADROOM / name).read_text(), f"{name}: the verdict reads otherwise"
     assert load_study_script("preregistered_facts").facts(table) == (HEADROOM / "facts.md").read_text()
@@ -102,6 +116,17 @@ def test_the_headroom_reports_come_back_field_for_field(headroom):
         assert (table / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+def test_function_callings_confirmatory_reading_comes_back_from_its_archive(tmp_path, capsys):
+    """Its two reports written again from runs.tar.xz, field for field, and `funcall_confirm.py` on them writes the
+    committed primary.md (amendment 18), whose three differences its README quotes."""
+    table, _ = reports_again(FUNCALL, tmp_path, 3 * 89)
+    same_reports(FUNCALL, table)
+    out = tmp_path / "primary.md"
+    assert load_study_script("funcall_confirm").main([str(table), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert out.read_text() == (FUNCALL / "primary.md").read_text()
+    for figure in ("+0.55 [+0.36, +0.75]", "+0.21 [+0.01, +0.41]", "+0.32 [+0.09, +0.54]"):
+        assert figure in out.read_text() and figure in (FUNCALL / "README.md").read_text(), figure
 
 
 def test_the_evaluation_design_comes_back_from_the_archive(headroom, tmp_path, monkeypatch):
@@ -248,7 +273,7 @@ def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, d
 ], ids=["headroom", "funcall-confirmatory", "math-pilot", "samplers"])
 def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(table, seeds, weights, labels, machine,
                                                                             tmp_path):
-    """No success figure is read here: two of these designs are not read yet."""
+    """No success figure is read here (the read tables' figures come back from their archives above)."""
     records = load_study_script("run_records")
     archive = STUDIES / table / "runs.tar.xz"
     folder = tmp_path / "runs"
