@@ -32,7 +32,7 @@ from tracerl.core.stats import seed_mean
 
 STUDIES = Path(__file__).resolve().parent
 TABLES = ("preregistered-headroom", "preregistered-default", "samplers-headroom", "preregistered-headroom-pilot",
-          "domain-math", "domain-funcall", "domain-funcall-equal-tokens")
+          "domain-math", "domain-funcall", "domain-funcall-equal-tokens", "domain-funcall-confirmatory")
 OVER_BUILDS = {"posterior-screen": STUDIES / "posterior-screen",  # one seed a build: builds stand for seeds
                "posterior-confirm": STUDIES / "posterior-confirm" / "reports",
                "root-only-confirm": STUDIES / "root-only-confirm" / "reports"}
