@@ -1,6 +1,7 @@
 """Does a learning-signal measure rank methods as held-out success does? Read on the kept tables' per-seed values.
 
     python studies/proxy_ranks.py [--out studies/proxy-ranks.md]
+    python studies/proxy_ranks.py --check runs/math-confirm [--out FILE.md]
 
 A proxy (informative sampled tokens per token, informative units per unit, mixed trees per budget unit) may screen
 methods only once it is shown to order them as held-out success at equal sampled tokens does. Every report against
@@ -17,6 +18,12 @@ and the domain tables, one build each (a reading is the build's); and the three 
 (one seed each, against `pcl`) stand where seeds stand: the posterior screen (five builds, 5 methods), the
 posterior confirmatory table (24 builds, 6 methods, its kept reports in `posterior-confirm/reports/`) and
 `trace-root-only`'s (24 other builds, 4 methods, `root-only-confirm/reports/`).
+
+`--check DIR` is the registered check of one proxy (`studies/preregistration.md`, amendment 19), on a table over
+builds laid out as `studies/math_confirm.sh` lays it out (each build's report against `pcl` in
+`DIR/build<k>/vs-pcl/compare.json`): mixed trees per budget unit *holds* as a proxy on that table when the 95%
+bootstrap interval of its tau-b of the methods' order lies above zero, *fails* when it lies at or below zero, and is
+*unresolved* otherwise; over fewer builds than planned, an interim look that decides nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ OVER_BUILDS = {"posterior-screen": STUDIES / "posterior-screen",  # one seed a b
                "posterior-confirm": STUDIES / "posterior-confirm" / "reports",
                "root-only-confirm": STUDIES / "root-only-confirm" / "reports"}
 PROXIES = ("informative_sampled_tokens_per_token", "informative_units_per_unit", "mixed_trees_per_budget")
+CHECKED_PROXY = "mixed_trees_per_budget"  # amendment 19
+CHECK_PLANNED_BUILDS = 12  # math's confirmatory table, amendment 13
 LEFT_OUT = {"pilot_commit"}  # trains as speed does at the shared screening size (studies/samplers-headroom/)
 RESAMPLES = 4000
 
@@ -62,10 +71,13 @@ def table_values(report: dict, proxy: str) -> tuple[list[str], np.ndarray, np.nd
     return methods, held, signal
 
 
-def screen_values(proxy: str, folder: Path = STUDIES / "posterior-screen") -> tuple[list[str], np.ndarray, np.ndarray]:
-    """`table_values` over the screen's builds (one seed each): column b is build b's difference from `pcl`."""
+def screen_values(proxy: str, folder: Path = STUDIES / "posterior-screen",
+                  report_name: str = "compare.json") -> tuple[list[str], np.ndarray, np.ndarray]:
+    """`table_values` over a table's builds (one seed each; `folder/build*/report_name`): column b is build b's."""
     parts = [table_values(json.loads(report.read_text()), proxy)
-             for report in sorted(folder.glob("build*/compare.json"))]
+             for report in sorted(folder.glob(f"build*/{report_name}"))]
+    if not parts:
+        raise ValueError(f"{folder} holds no build*/{report_name}: name the folder a table over builds was written to")
     methods = parts[0][0]
     assert all(p[0] == methods for p in parts), "every build's report holds the same methods in the same order"
     return methods, np.hstack([p[1] for p in parts]), np.hstack([p[2] for p in parts])
@@ -82,10 +94,50 @@ def ranks(held: np.ndarray, signal: np.ndarray, seed: int = 0) -> dict:
             "per_seed": per_seed}
 
 
+def check_reading(r: dict, builds: int, planned: int = CHECK_PLANNED_BUILDS) -> str:
+    """Amendment 19's reading of one tau-b of the methods' order, from its interval over builds."""
+    if builds < planned:
+        return f"interim look ({builds} of {planned} builds): decides nothing"
+    if r["order_lo"] > 0:
+        return "holds: its interval lies above zero"
+    if r["order_hi"] <= 0:
+        return "fails: its interval lies at or below zero"
+    return "unresolved: its interval holds zero"
+
+
+def check(folder: Path) -> str:
+    """Amendment 19's check on the table over builds in `folder`, as markdown."""
+    methods, held, signal = screen_values(CHECKED_PROXY, folder, "vs-pcl/compare.json")
+    r = ranks(held, signal)
+    by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
+    by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]
+    p = r["per_seed"]
+    return "\n".join([
+        f"Registered check (amendment 19) of `{CHECKED_PROXY}` over {held.shape[1]} builds, each build's "
+        f"difference from `{methods[0]}`:", "",
+        "| methods by held-out success | by the proxy | tau-b of the order [95% bootstrap over builds] | "
+        "mean tau-b per build [95% t] | reading |", "|---|---|---|---|---|",
+        f"| {' > '.join(by_held)} | {' > '.join(by_proxy)} | {r['order']:+.2f} [{r['order_lo']:+.2f}, "
+        f"{r['order_hi']:+.2f}] | {p.mean:+.2f} [{p.lo:+.2f}, {p.hi:+.2f}] | "
+        f"{check_reading(r, held.shape[1])} |", ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the table here as well")
+    parser.add_argument("--check", type=Path, default=None, metavar="DIR",
+                        help="amendment 19's check of mixed trees per budget unit on the table over builds in DIR")
     args = parser.parse_args(argv)
+    if args.check is not None:
+        try:
+            text = check(args.check)
+        except ValueError as err:
+            print(f"proxy_ranks: {err}", file=sys.stderr)
+            return 1
+        print(text, end="")
+        if args.out:
+            args.out.write_text(text)
+        return 0
     lines = ["| table | methods, by mean held-out difference from `grpo` (the screen: from `pcl`) | seeds (the screen: "
              "builds) | proxy | its order | tau-b of the methods' order [95% bootstrap over seeds] | mean tau-b per "
              "seed [95% t] |", "|---|---|---|---|---|---|---|"]
