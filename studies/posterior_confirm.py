@@ -5,7 +5,10 @@
 
 `--design root-only` reads the next registered table the same way (`trace-root-only`'s section of the plan: its
 primaries `trace-root-only` - `pcl` and - `knapsack_rl`, Holm; secondary `trace-root-only` - `grpo`; its own token
-share as the goal; four methods a build; `DESIGNS`). What follows is `posterior`'s.
+share as the goal; four methods a build; `DESIGNS`). `--design funcall-pilot` reads the pilot of function calling's
+table over builds (the plan's section on `trace` in function calling over builds): each difference's mean and spread
+over its builds, no reading and no token share (two evaluations, no curve), and the build count its rule takes from
+the spread (`pilot_count`). What follows is `posterior`'s.
 
 Each `build<k>/compare.json` (`tracerl compare --baseline pcl`, one seed) gives every method minus `pcl` at `pcl`'s
 final sampled tokens, with its standard error over the 512 questions; a difference between two other methods is
@@ -52,6 +55,9 @@ _spec = importlib.util.spec_from_file_location("posterior_screen",
 posterior_screen = importlib.util.module_from_spec(_spec)
 sys.modules["posterior_screen"] = posterior_screen
 _spec.loader.exec_module(posterior_screen)
+_spec = importlib.util.spec_from_file_location("power", Path(__file__).resolve().parent / "power.py")
+power = importlib.util.module_from_spec(_spec)  # studies/ is not a package
+_spec.loader.exec_module(power)
 
 SMALLEST_GAIN = 0.5  # points: a gain below this is not worth a new sampler (the plan's refutation bound)
 GOAL_SHARE = 0.70  # of grpo's sampled tokens, to reach grpo's final held-out success
@@ -67,6 +73,9 @@ class Design:
     secondary: tuple[tuple[str, str], ...]
     needed: tuple[str, ...]
     planned_builds: int
+    share: bool = True  # the candidate's token share to reach grpo's final success is read (it needs a curve)
+    pilot: bool = False  # a pilot: spreads over builds and the count they size, no question read
+
 
 
 DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 14, and `trace-root-only`'s section
@@ -75,7 +84,13 @@ DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 
                         ("pcl", "knapsack_rl", "posterior", "trace", "grpo", "trace-root-only"), 24),
     "root-only": Design("trace-root-only", (("trace-root-only", "pcl"), ("trace-root-only", "knapsack_rl")),
                         (("trace-root-only", "grpo"),), ("pcl", "knapsack_rl", "trace-root-only", "grpo"), 24),
+    "funcall-pilot": Design("trace", (("trace", "pcl"), ("trace", "knapsack_rl")),
+                            (("trace", "grpo"), ("trace", "trace-root-only"), ("trace-root-only", "pcl")),
+                            ("pcl", "knapsack_rl", "trace", "grpo", "trace-root-only"), 6, share=False, pilot=True),
 }
+# the pilot's rule for the confirmatory count: B = max(MIN, n), n the fewest builds with 80% power at level 0.025
+# (paired t) for +0.5 points at the larger spread over builds of the two primaries, at most MAX
+PILOT_RULE = {"effect": SMALLEST_GAIN, "power": 0.8, "alpha": 0.025, "min_builds": 6, "max_builds": 24}
 POSTERIOR = DESIGNS["posterior"]
 PLANNED_BUILDS, PRIMARIES, SECONDARY, NEEDED = (POSTERIOR.planned_builds, POSTERIOR.primaries, POSTERIOR.secondary,
                                                 POSTERIOR.needed)
@@ -86,7 +101,8 @@ def read(root: Path, design: Design = POSTERIOR) -> dict[int, dict]:
     differences from `pcl` and their standard errors over questions, in points)."""
     rows = posterior_screen.read(root, design.needed)
     for k, row in rows.items():
-        row["share"] = token_share(root / f"build{k}" / "vs-grpo" / "compare.json", design.candidate)
+        row["share"] = (token_share(root / f"build{k}" / "vs-grpo" / "compare.json", design.candidate)
+                        if design.share else math.nan)
     return rows
 
 
@@ -139,6 +155,19 @@ def read_family(rows: dict[int, dict], pairs: tuple[tuple[str, str], ...]) -> li
         item["p_holm"] = p_adjusted
         item["verdict"] = verdict(item["est"].mean, item["est"].hi, p_adjusted)
     return found
+
+
+def pilot_count(rows: dict[int, dict], design: Design, rule: dict | None = None) -> dict:
+    """The confirmatory build count a pilot sizes (`PILOT_RULE`): the primaries' spreads over the pilot's builds, the
+    larger one, n (None beyond the cap), B, and the power B gives at the rule's effect and at twice it."""
+    rule = rule or PILOT_RULE
+    sds = {pair: item["sd"] for pair, item in ((i["pair"], i) for i in read_family(rows, design.primaries))}
+    sd = max(sds.values())
+    n = power.seeds_needed(rule["effect"], sd, rule["power"], rule["alpha"], max_seeds=rule["max_builds"])
+    builds = rule["max_builds"] if n is None else max(rule["min_builds"], n)
+    return {"sds": sds, "sd": sd, "n": n, "builds": builds,
+            "power": {effect: power.power(effect, sd, builds, rule["alpha"])
+                      for effect in (rule["effect"], 2 * rule["effect"])}}
 
 
 def machines(root: Path, rows: dict[int, dict], design: Design = POSTERIOR) -> dict[int, str]:
@@ -201,23 +230,36 @@ def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -
 
 def to_markdown(rows: dict[int, dict], design: Design = POSTERIOR, machine: dict[int, str] | None = None) -> str:
     interim = len(rows) < design.planned_builds
+    status = ((" **A pilot: it reads no question; its spreads size the confirmatory table.**" if design.pilot else "")
+              + (" **An interim look: it decides nothing.**" if interim else ""))
     lines = [f"Builds read: {len(rows)} of the {design.planned_builds} planned ({', '.join(map(str, rows))})."
-             + (" **An interim look: it decides nothing.**" if interim else ""), "",
+             + status, "",
              "| family | difference | mean [95% t over builds] | p (paired t) | Holm p | reading | sd over builds | "
              "question SE (mean per build) |", "|---|---|---|---|---|---|---|---|"]
     for family, pairs in (("primary", design.primaries), ("secondary", design.secondary)):  # a Holm family each
         for item in read_family(rows, pairs):
             est, (m, c) = item["est"], item["pair"]
-            reading = "interim" if interim else item["verdict"]
+            reading = "pilot" if design.pilot else ("interim" if interim else item["verdict"])
             lines.append(f"| {family} | `{m}` - `{c}` | {est.mean:+.2f} [{est.lo:+.2f}, {est.hi:+.2f}] | "
                          f"{est.p_value:.3f} | {item['p_holm']:.3f} | {reading} | {item['sd']:.2f} | "
                          f"{item['question_se']:.2f} |")
-    share = goal(rows)
-    lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach "
-              f"`grpo`'s final success, median over {share['builds']} builds {_pct(share['median'])} "
-              f"[{_pct(share['lo'])}, {_pct(share['hi'])}] (percentile bootstrap over builds); "
-              + ("interim" if interim else ("met" if share["met"] else "not met"))
-              + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]
+    if design.share:
+        share = goal(rows)
+        lines += ["", f"The goal (descriptive): `{design.candidate}`'s share of `grpo`'s sampled tokens to reach "
+                  f"`grpo`'s final success, median over {share['builds']} builds {_pct(share['median'])} "
+                  f"[{_pct(share['lo'])}, {_pct(share['hi'])}] (percentile bootstrap over builds); "
+                  + ("interim" if interim else ("met" if share["met"] else "not met"))
+                  + f" (at most {GOAL_SHARE:.0%}, upper end below 100%)."]
+    if design.pilot:
+        count, rule = pilot_count(rows, design), PILOT_RULE
+        spreads = ", ".join(f"`{m}` - `{c}` {sd:.2f}" for (m, c), sd in count["sds"].items())
+        found = (f"{count['n']} builds" if count["n"] is not None else f"more than {rule['max_builds']} builds")
+        lines += ["", f"The count (the plan's rule): the primaries' sd over builds {spreads}; at the larger, "
+                  f"{count['sd']:.2f}, {rule['power']:.0%} power at level {rule['alpha']} (paired t) for "
+                  f"{rule['effect']:+.1f} points takes {found}, so B = {count['builds']} (at least "
+                  f"{rule['min_builds']}, at most {rule['max_builds']}), which gives "
+                  + " and ".join(f"{pw:.0%} at {effect:+.1f}" for effect, pw in count["power"].items())
+                  + (" (an interim pilot: the count is read once all its builds are kept)." if interim else ".")]
     lines += by_machine(rows, design, machine or {})
     lines += ["", "Per build (points of held-out success; differences at `pcl`'s final sampled tokens, with their "
               "paired standard error over questions):", "",
@@ -238,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the table's runs (runs/posterior-confirm)")
     parser.add_argument("--design", choices=sorted(DESIGNS), default="posterior",
-                        help="which registered table: `posterior`'s (default) or `trace-root-only`'s")
+                        help="which registered table: `posterior`'s (default), `trace-root-only`'s, or the pilot "
+                             "of function calling's over builds")
     parser.add_argument("--out", type=Path, default=None, help="write the reading here as well")
     args = parser.parse_args(argv)
     design = DESIGNS[args.design]

@@ -11,6 +11,11 @@
 # DESIGN=root-only runs the next registered table the same way (studies/preregistration.md, `trace-root-only`'s
 # section): pcl, knapsack_rl, trace-root-only and grpo on builds 29-52, into runs/root-only-confirm/ and
 # studies/root-only-confirm/; read by `python studies/posterior_confirm.py runs/root-only-confirm --design root-only`.
+# DESIGN=funcall-pilot runs the pilot of function calling's table over builds (the plan's section on `trace` in
+# function calling over builds): pcl, knapsack_rl, trace, grpo and trace-root-only on builds 101-106 of
+# configs/funcall.toml, every run to 175,000 sampled tokens, evaluated at the start and the stop on 1,024 held-out
+# questions x 4 coupled samples, into runs/funcall-builds-pilot/ and studies/funcall-builds-pilot/; read by
+# `python studies/posterior_confirm.py runs/funcall-builds-pilot --design funcall-pilot`.
 #
 # Two lanes keep both cores busy, each building and then training its own builds one run at a time:
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
@@ -22,21 +27,30 @@
 # builds are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+headroom=(--config configs/trace-headroom.toml
+          --set run.num_steps=40 --set run.total_token_budget=130000 --set "run.eval_steps=[20]"
+          --set run.eval_prompts=512 --set run.eval_samples=8 --set run.eval_coupled=true
+          --set allocation.budget_unit=tokens --set allocation.token_budget=12800)
+funcall=(--config configs/funcall.toml
+         --set run.num_steps=80 --set run.total_token_budget=175000 --set run.eval_every=0
+         --set run.eval_prompts=1024 --set run.eval_samples=4 --set run.eval_coupled=true)
 case ${DESIGN:-posterior} in
-  posterior) table=posterior-confirm first=5 methods=pcl,knapsack_rl,posterior,trace,grpo,trace-root-only ;;
-  root-only) table=root-only-confirm first=29 methods=pcl,knapsack_rl,trace-root-only,grpo ;;
-  *) echo "posterior_confirm: DESIGN=$DESIGN is not a registered table (posterior or root-only)" >&2; exit 2 ;;
+  posterior) table=posterior-confirm first=5 count=24 methods=pcl,knapsack_rl,posterior,trace,grpo,trace-root-only
+             settings=("${headroom[@]}") ;;
+  root-only) table=root-only-confirm first=29 count=24 methods=pcl,knapsack_rl,trace-root-only,grpo
+             settings=("${headroom[@]}") ;;
+  funcall-pilot) table=funcall-builds-pilot first=101 count=6 methods=pcl,knapsack_rl,trace,grpo,trace-root-only
+                 settings=("${funcall[@]}") ;;
+  *) echo "posterior_confirm: DESIGN=$DESIGN is not a registered table (posterior, root-only or funcall-pilot)" >&2
+     exit 2 ;;
 esac
-builds=${1:-"$(seq -s ' ' "$first" $((first + 23)))"}
+builds=${1:-"$(seq -s ' ' "$first" $((first + count - 1)))"}
 shift $(( $# < 1 ? $# : 1 ))
-common=(--methods "$methods" --seeds 0-0 --config configs/trace-headroom.toml
-        --set run.num_steps=40 --set run.total_token_budget=130000 --set "run.eval_steps=[20]"
-        --set run.eval_prompts=512 --set run.eval_samples=8 --set run.eval_coupled=true
-        --set allocation.budget_unit=tokens --set allocation.token_budget=12800
-        --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
+config=${settings[1]}
+common=(--methods "$methods" --seeds 0-0 "${settings[@]}" --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
 mkdir -p "studies/$table"
 for k in $builds; do
-  tracerl warmstart --config configs/trace-headroom.toml --set policy.embedded.seed="$k" --keep
+  tracerl warmstart --config "$config" --set policy.embedded.seed="$k" --keep
   out=runs/$table/build$k
   tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@"
   tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only

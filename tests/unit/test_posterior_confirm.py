@@ -163,3 +163,46 @@ def test_welch_matches_a_hand_computed_interval():
     diff, lo, hi = confirm.welch([1.0, 2.0, 3.0], [0.0, 0.0, 1.0, 1.0])
     assert diff == pytest.approx(1.5) and hi - diff == pytest.approx(4.303 * math.sqrt(5 / 12), rel=1e-3)
     assert math.isnan(confirm.welch([1.0], [0.0, 1.0])[1])
+
+
+PILOT = confirm.DESIGNS["funcall-pilot"]
+
+
+def pilot_table(root, trace_swing: float, knapsack_swing: float) -> None:
+    """Function calling's pilot, builds 101-106: `trace` - `pcl` = 0.5 +- trace_swing and `knapsack_rl` - `pcl` =
+    0 -+ knapsack_swing, alternating (so `trace` - `knapsack_rl` = 0.5 +- (trace_swing + knapsack_swing))."""
+    for k in range(101, 107):
+        diffs = {"trace": alternating(0.5, trace_swing, k), "knapsack_rl": alternating(0.0, -knapsack_swing, k),
+                 "grpo": -0.3, "trace-root-only": 0.2}
+        write_build(root, k, diffs, methods=PILOT.needed, candidate="trace")
+
+
+def test_the_function_calling_pilot_reads_no_question_and_sizes_the_count(tmp_path, capsys):
+    """The spreads over six builds: `trace` - `pcl` 0.1 sqrt(6/5) = 0.110, `trace` - `knapsack_rl` 0.5 sqrt(6/5) =
+    0.548, the larger. 80% power for +0.5 at level 0.025 at sd 0.548: the normal approximation gives
+    ((2.241 + 0.842) x 0.548 / 0.5)^2 = 11.4 builds, Student's t a few more."""
+    pilot_table(tmp_path, 0.1, 0.4)
+    rows = confirm.read(tmp_path, PILOT)
+    count = confirm.pilot_count(rows, PILOT)
+    assert count["sds"][("trace", "pcl")] == pytest.approx(0.1 * math.sqrt(6 / 5))
+    assert count["sd"] == pytest.approx(0.5 * math.sqrt(6 / 5))
+    assert 12 <= count["n"] <= 15 and count["builds"] == count["n"]
+    assert count["n"] == confirm.power.seeds_needed(0.5, count["sd"], 0.8, 0.025, max_seeds=24)
+    assert count["power"][0.5] >= 0.8 > confirm.power.power(0.5, count["sd"], count["n"] - 1, 0.025)
+    assert confirm.main([str(tmp_path), "--design", "funcall-pilot"]) == 0
+    out = capsys.readouterr().out
+    assert "**A pilot: it reads no question" in out and "interim" not in out
+    assert "| primary | `trace` - `pcl` | +0.50 [" in out and "| pilot |" in out
+    assert not any(word in out for word in ("established", "refuted", "unresolved", "The goal"))
+    assert f"so B = {count['n']} (at least 6, at most 24)" in out
+
+
+@pytest.mark.parametrize("trace_swing, knapsack_swing, builds, beyond", [(0.01, 0.01, 6, False), (3.0, 3.0, 24, True)])
+def test_the_pilot_count_is_held_between_its_floor_and_its_cap(tmp_path, capsys, trace_swing, knapsack_swing, builds,
+                                                               beyond):
+    """A spread of 0.02 sqrt(6/5) needs 2-3 builds, so the floor, 6; one of 6 sqrt(6/5) more than 24, so the cap."""
+    pilot_table(tmp_path, trace_swing, knapsack_swing)
+    count = confirm.pilot_count(confirm.read(tmp_path, PILOT), PILOT)
+    assert count["builds"] == builds and (count["n"] is None) == beyond
+    assert confirm.main([str(tmp_path), "--design", "funcall-pilot"]) == 0
+    assert ("more than 24 builds" in capsys.readouterr().out) == beyond
