@@ -77,7 +77,6 @@ class Design:
     pilot: bool = False  # a pilot: spreads over builds and the count they size, no question read
 
 
-
 DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 14, and `trace-root-only`'s section
     "posterior": Design("posterior", (("posterior", "pcl"), ("posterior", "knapsack_rl")),
                         (("trace", "pcl"), ("trace", "trace-root-only"), ("posterior", "grpo")),
@@ -161,7 +160,7 @@ def pilot_count(rows: dict[int, dict], design: Design, rule: dict | None = None)
     """The confirmatory build count a pilot sizes (`PILOT_RULE`): the primaries' spreads over the pilot's builds, the
     larger one, n (None beyond the cap), B, and the power B gives at the rule's effect and at twice it."""
     rule = rule or PILOT_RULE
-    sds = {pair: item["sd"] for pair, item in ((i["pair"], i) for i in read_family(rows, design.primaries))}
+    sds = {item["pair"]: item["sd"] for item in read_family(rows, design.primaries)}
     sd = max(sds.values())
     n = power.seeds_needed(rule["effect"], sd, rule["power"], rule["alpha"], max_seeds=rule["max_builds"])
     builds = rule["max_builds"] if n is None else max(rule["min_builds"], n)
