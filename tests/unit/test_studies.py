@@ -14,8 +14,9 @@
   reports written again field for field, and `funcall_confirm.py` writes the committed primary.md from them.
 - Every archive holds the whole, finished seeds its README lists, all from the one build kept with it (where one
   is), saved on the machine it names.
-- Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; the `posterior`
-  table's, one per build, each hold that build's six finished runs and no build.
+- Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; those of the
+  tables over builds (`posterior`'s, `trace-root-only`'s, and math's kept so far), one per build, each hold that
+  build's finished runs and no build.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
   (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
@@ -223,7 +224,16 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
     "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
     "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
 }
-OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design
+OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
+BUILD_MACHINES["math-confirm"] = {1: MACHINE}  # the builds kept so far (its README), of 1-12
+KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math")]  # with the tables still training
+
+
+def design_methods(design: str) -> list[str]:
+    """The methods every build of a table over builds trains (math's: `math_confirm.METHODS`)."""
+    if design == "math":
+        return list(load_study_script("math_confirm").METHODS)
+    return list(load_study_script("posterior_confirm").DESIGNS[design].needed)
 
 
 @pytest.mark.parametrize("table, design", OVER_BUILDS)
@@ -239,17 +249,19 @@ def test_a_confirmatory_reading_over_builds_comes_back_from_its_builds_reports(t
     assert out.read_text() == (STUDIES / table / "primary.md").read_text()
 
 
-@pytest.mark.parametrize("table, design", OVER_BUILDS)
+@pytest.mark.parametrize("table, design", KEPT_OVER_BUILDS)
 def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, design, tmp_path):
-    """studies/<table>/build<k>.tar.xz (no success figure read here): seed 0 of the design's methods,
-    finished on the machine `BUILD_MACHINES` names, from one build whose weights no other kept build shares, no
-    build kept, packing to its own bytes."""
+    """studies/<table>/build<k>.tar.xz (no success figure read here): one for each build `BUILD_MACHINES` lists, each
+    seed 0 of the design's methods, finished on the machine it names, from one build whose weights no other kept
+    build shares, no build kept, packing to its own bytes."""
     records = load_study_script("run_records")
     weights = {}
-    for archive in sorted((STUDIES / table).glob("build*.tar.xz")):
+    archives = sorted((STUDIES / table).glob("build*.tar.xz"))
+    assert sorted(a.name for a in archives) == sorted(f"build{k}.tar.xz" for k in BUILD_MACHINES[table])
+    for archive in archives:
         folder = tmp_path / archive.name
         records.unpack(archive, folder)
-        kept = records.whole_seeds(folder, list(load_study_script("posterior_confirm").DESIGNS[design].needed))
+        kept = records.whole_seeds(folder, design_methods(design))
         assert list(kept) == [0] and all(records.finished(run) for run in kept[0].values()), archive.name
         assert not (folder / records.POLICY).exists(), f"{archive.name} keeps a build"
         hashes = {records.starting_weights(run)[0] for run in kept[0].values()}
