@@ -226,7 +226,7 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
 }
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
 BUILD_MACHINES["math-confirm"] = {1: MACHINE}  # the builds kept so far (its README), of 1-12
-BUILD_MACHINES["funcall-builds-pilot"] = {101: MACHINE, 102: MACHINE}  # likewise, of 101-106
+BUILD_MACHINES["funcall-builds-pilot"] = {101: MACHINE, 102: MACHINE, 103: MACHINE}  # likewise, of 101-106
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot")]  # and training
 
 
@@ -237,17 +237,20 @@ def design_methods(design: str) -> list[str]:
     return list(load_study_script("posterior_confirm").DESIGNS[design].needed)
 
 
-@pytest.mark.parametrize("table, design", OVER_BUILDS)
-def test_a_confirmatory_reading_over_builds_comes_back_from_its_builds_reports(table, design, tmp_path, capsys):
-    """studies/<table>/primary.md is what posterior_confirm.py reads from the 24 builds' kept reports (each build's
+READ_OVER_BUILDS = [(table, design, "primary.md") for table, design in OVER_BUILDS]  # table, design, its reading
+
+
+@pytest.mark.parametrize("table, design, reading", READ_OVER_BUILDS)
+def test_a_reading_over_builds_comes_back_from_its_builds_reports(table, design, reading, tmp_path, capsys):
+    """studies/<table>/<reading> is what posterior_confirm.py reads from the builds' kept reports (each build's
     report against `pcl` and, in vs-grpo/, against `grpo`; where the builds span machines, each run's
     saved_on.json, which names its machine)."""
     folder = STUDIES / table / "reports"
     assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in BUILD_MACHINES[table])
-    out = tmp_path / "primary.md"
+    out = tmp_path / reading
     assert load_study_script("posterior_confirm").main([str(folder), "--design", design, "--out", str(out)]) == 0
     capsys.readouterr()
-    assert out.read_text() == (STUDIES / table / "primary.md").read_text()
+    assert out.read_text() == (STUDIES / table / reading).read_text()
 
 
 @pytest.mark.parametrize("table, design", KEPT_OVER_BUILDS)
