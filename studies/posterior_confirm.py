@@ -8,7 +8,8 @@ primaries `trace-root-only` - `pcl` and - `knapsack_rl`, Holm; secondary `trace-
 share as the goal; four methods a build; `DESIGNS`). `--design funcall-pilot` reads the pilot of function calling's
 table over builds (the plan's section on `trace` in function calling over builds): each difference's mean and spread
 over its builds, no reading and no token share (two evaluations, no curve), and the build count its rule takes from
-the spread (`pilot_count`). What follows is `posterior`'s.
+the spread (`pilot_count`); `--design funcall` reads that table itself, its 24 builds (B, appended to the plan from
+the pilot), by `posterior`'s rule without the token share. What follows is `posterior`'s.
 
 Each `build<k>/compare.json` (`tracerl compare --baseline pcl`, one seed) gives every method minus `pcl` at `pcl`'s
 final sampled tokens, with its standard error over the 512 questions; a difference between two other methods is
@@ -43,6 +44,7 @@ import importlib.util
 import json
 import math
 import sys
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,8 @@ DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 
                             (("trace", "grpo"), ("trace", "trace-root-only"), ("trace-root-only", "pcl")),
                             ("pcl", "knapsack_rl", "trace", "grpo", "trace-root-only"), 6, share=False, pilot=True),
 }
+# function calling's table over builds: the pilot's families and runs, B = 24 appended from the pilot's count
+DESIGNS["funcall"] = dataclasses.replace(DESIGNS["funcall-pilot"], planned_builds=24, pilot=False)
 # the pilot's rule for the confirmatory count: B = max(MIN, n), n the fewest builds with 80% power at level 0.025
 # (paired t) for +0.5 points at the larger spread over builds of the two primaries, at most MAX
 PILOT_RULE = {"effect": SMALLEST_GAIN, "power": 0.8, "alpha": 0.025, "min_builds": 6, "max_builds": 24}
@@ -279,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the table's runs (runs/posterior-confirm)")
     parser.add_argument("--design", choices=sorted(DESIGNS), default="posterior",
-                        help="which registered table: `posterior`'s (default), `trace-root-only`'s, or the pilot "
-                             "of function calling's over builds")
+                        help="which registered table: `posterior`'s (default), `trace-root-only`'s, function "
+                             "calling's over builds (`funcall`) or its pilot")
     parser.add_argument("--out", type=Path, default=None, help="write the reading here as well")
     args = parser.parse_args(argv)
     design = DESIGNS[args.design]

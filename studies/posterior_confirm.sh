@@ -15,7 +15,9 @@
 # function calling over builds): pcl, knapsack_rl, trace, grpo and trace-root-only on builds 101-106 of
 # configs/funcall.toml, every run to 175,000 sampled tokens, evaluated at the start and the stop on 1,024 held-out
 # questions x 4 coupled samples, into runs/funcall-builds-pilot/ and studies/funcall-builds-pilot/; read by
-# `python studies/posterior_confirm.py runs/funcall-builds-pilot --design funcall-pilot`.
+# `python studies/posterior_confirm.py runs/funcall-builds-pilot --design funcall-pilot`. DESIGN=funcall runs that
+# table itself the same way on builds 1-24 (B, appended to the plan from the pilot), into runs/funcall-builds/ and
+# studies/funcall-builds/; read by `python studies/posterior_confirm.py runs/funcall-builds --design funcall`.
 #
 # Two lanes keep both cores busy, each building and then training its own builds one run at a time:
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
@@ -41,7 +43,10 @@ case ${DESIGN:-posterior} in
              settings=("${headroom[@]}") ;;
   funcall-pilot) table=funcall-builds-pilot first=101 count=6 methods=pcl,knapsack_rl,trace,grpo,trace-root-only
                  settings=("${funcall[@]}") ;;
-  *) echo "posterior_confirm: DESIGN=$DESIGN is not a registered table (posterior, root-only or funcall-pilot)" >&2
+  funcall) table=funcall-builds first=1 count=24 methods=pcl,knapsack_rl,trace,grpo,trace-root-only
+           settings=("${funcall[@]}") ;;
+  *) echo "posterior_confirm: DESIGN=$DESIGN is not a registered table (posterior, root-only, funcall-pilot or" \
+          "funcall)" >&2
      exit 2 ;;
 esac
 builds=${1:-"$(seq -s ' ' "$first" $((first + count - 1)))"}

@@ -206,3 +206,24 @@ def test_the_pilot_count_is_held_between_its_floor_and_its_cap(tmp_path, capsys,
     assert count["builds"] == builds and (count["n"] is None) == beyond
     assert confirm.main([str(tmp_path), "--design", "funcall-pilot"]) == 0
     assert ("more than 24 builds" in capsys.readouterr().out) == beyond
+
+
+def test_function_callings_table_over_builds_reads_its_families_by_the_rule_without_a_share(tmp_path, capsys):
+    """24 builds (B, from the pilot): `trace` - `pcl` 1.0 +- 0.2 (established), `knapsack_rl` - `pcl` 1.0 -+ 0.2, so
+    `trace` - `knapsack_rl` 0 +- 0.4, whose upper end 2.069 x 0.4 sqrt(24/23) / sqrt(24) = 0.17 lies below +0.5
+    (refuted); no token share is read (two evaluations); 23 builds are an interim look."""
+    design = confirm.DESIGNS["funcall"]
+    assert design.planned_builds == 24 and not design.share and not design.pilot
+    for k in range(1, 25):
+        write_build(tmp_path, k, {"trace": alternating(1.0, 0.2, k), "knapsack_rl": alternating(1.0, -0.2, k),
+                                  "grpo": -0.5, "trace-root-only": 0.5}, methods=design.needed, candidate="trace")
+    assert confirm.main([str(tmp_path), "--design", "funcall"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(" | ")[1]: line for line in out.splitlines() if line.startswith("| primary |")}
+    assert "| +1.00 [" in lines["`trace` - `pcl`"] and "| established | 0.20 |" in lines["`trace` - `pcl`"]
+    assert "| +0.00 [-0.17, +0.17] |" in lines["`trace` - `knapsack_rl`"]
+    assert "| refuted | 0.41 |" in lines["`trace` - `knapsack_rl`"]
+    assert "The goal" not in out and "pilot" not in out and "interim" not in out
+    rows = confirm.read(tmp_path, design)
+    del rows[24]
+    assert "**An interim look: it decides nothing.**" in confirm.to_markdown(rows, design)

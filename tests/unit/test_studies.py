@@ -226,7 +226,7 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
 }
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
 BUILD_MACHINES["math-confirm"] = {1: MACHINE}  # the builds kept so far (its README), of 1-12
-BUILD_MACHINES["funcall-builds-pilot"] = {101: MACHINE, 102: MACHINE, 103: MACHINE, 104: MACHINE, 105: MACHINE}  # likewise, of 101-106
+BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot")]  # and training
 
 
@@ -237,7 +237,8 @@ def design_methods(design: str) -> list[str]:
     return list(load_study_script("posterior_confirm").DESIGNS[design].needed)
 
 
-READ_OVER_BUILDS = [(table, design, "primary.md") for table, design in OVER_BUILDS]  # table, design, its reading
+READ_OVER_BUILDS = [*((table, design, "primary.md") for table, design in OVER_BUILDS),
+                    ("funcall-builds-pilot", "funcall-pilot", "pilot.md")]  # table, design, the file it reads to
 
 
 @pytest.mark.parametrize("table, design, reading", READ_OVER_BUILDS)
