@@ -15,8 +15,9 @@
 - Every archive holds the whole, finished seeds its README lists, all from the one build kept with it (where one
   is), saved on the machine it names.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; those of the
-  tables over builds (`posterior`'s, `trace-root-only`'s, and math's kept so far), one per build, each hold that
-  build's finished runs and no build.
+  tables over builds (`posterior`'s, `trace-root-only`'s, function calling's pilot, and math's kept so far), one
+  per build, each hold that build's finished runs and no build; each read table's reading (`primary.md`, the pilot's
+  `pilot.md`) comes back from its builds' kept reports by `posterior_confirm.py`.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
   (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
