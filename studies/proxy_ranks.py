@@ -94,6 +94,11 @@ def ranks(held: np.ndarray, signal: np.ndarray, seed: int = 0) -> dict:
             "per_seed": per_seed}
 
 
+def order(methods: list[str], values: np.ndarray) -> str:
+    """The methods by their mean over seeds (or builds), highest first, as "a > b > c"."""
+    return " > ".join(methods[k] for k in np.argsort(-values.mean(axis=1), kind="stable"))
+
+
 def check_reading(r: dict, builds: int, planned: int = CHECK_PLANNED_BUILDS) -> str:
     """Amendment 19's reading of one tau-b of the methods' order, from its interval over builds."""
     if builds < planned:
@@ -109,35 +114,19 @@ def check(folder: Path) -> str:
     """Amendment 19's check on the table over builds in `folder`, as markdown."""
     methods, held, signal = screen_values(CHECKED_PROXY, folder, "vs-pcl/compare.json")
     r = ranks(held, signal)
-    by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
-    by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]
     p = r["per_seed"]
     return "\n".join([
         f"Registered check (amendment 19) of `{CHECKED_PROXY}` over {held.shape[1]} builds, each build's "
         f"difference from `{methods[0]}`:", "",
         "| methods by held-out success | by the proxy | tau-b of the order [95% bootstrap over builds] | "
         "mean tau-b per build [95% t] | reading |", "|---|---|---|---|---|",
-        f"| {' > '.join(by_held)} | {' > '.join(by_proxy)} | {r['order']:+.2f} [{r['order_lo']:+.2f}, "
+        f"| {order(methods, held)} | {order(methods, signal)} | {r['order']:+.2f} [{r['order_lo']:+.2f}, "
         f"{r['order_hi']:+.2f}] | {p.mean:+.2f} [{p.lo:+.2f}, {p.hi:+.2f}] | "
         f"{check_reading(r, held.shape[1])} |", ""])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the table here as well")
-    parser.add_argument("--check", type=Path, default=None, metavar="DIR",
-                        help="amendment 19's check of mixed trees per budget unit on the table over builds in DIR")
-    args = parser.parse_args(argv)
-    if args.check is not None:
-        try:
-            text = check(args.check)
-        except ValueError as err:
-            print(f"proxy_ranks: {err}", file=sys.stderr)
-            return 1
-        print(text, end="")
-        if args.out:
-            args.out.write_text(text)
-        return 0
+def table() -> str:
+    """Every kept table's ranks, one row per table and proxy, as markdown."""
     lines = ["| table | methods, by mean held-out difference from `grpo` (the screen: from `pcl`) | seeds (the screen: "
              "builds) | proxy | its order | tau-b of the methods' order [95% bootstrap over seeds] | mean tau-b per "
              "seed [95% t] |", "|---|---|---|---|---|---|---|"]
@@ -147,18 +136,28 @@ def main(argv: list[str] | None = None) -> int:
             methods, held, signal = (screen_values(proxy, OVER_BUILDS[name]) if report is None
                                      else table_values(report, proxy))
             r = ranks(held, signal)
-            by_held = [methods[k] for k in np.argsort(-held.mean(axis=1), kind="stable")]
-            by_proxy = [methods[k] for k in np.argsort(-signal.mean(axis=1), kind="stable")]
             p = r["per_seed"]
-            lines.append(f"| `{name}` | {' > '.join(by_held)} | {held.shape[1]} | {proxy} | {' > '.join(by_proxy)} | "
-                         f"{r['order']:+.2f} [{r['order_lo']:+.2f}, {r['order_hi']:+.2f}] | "
+            lines.append(f"| `{name}` | {order(methods, held)} | {held.shape[1]} | {proxy} | "
+                         f"{order(methods, signal)} | {r['order']:+.2f} [{r['order_lo']:+.2f}, {r['order_hi']:+.2f}] | "
                          f"{p.mean:+.2f} [{p.lo:+.2f}, {p.hi:+.2f}] |")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the table here as well")
+    parser.add_argument("--check", type=Path, default=None, metavar="DIR",
+                        help="amendment 19's check of mixed trees per budget unit on the table over builds in DIR")
+    args = parser.parse_args(argv)
+    try:
+        text = check(args.check) if args.check is not None else table()
+    except ValueError as err:
+        print(f"proxy_ranks: {err}", file=sys.stderr)
+        return 1
     print(text, end="")
     if args.out:
         args.out.write_text(text)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
