@@ -185,7 +185,8 @@ def summarize(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict
                     for key in ("cos_gradient", "cos_update", "along", "update_norm", "sampled_tokens",
                                 "informative_rollouts", "rollouts")} for m in methods}
     for m in methods:  # the gain along a per sampled token: a checkpoint's mean gain over its mean tokens per draw
-        per_seed[m]["along_per_ktoken"] = [1e3 * a / t for a, t in zip(per_seed[m]["along"], per_seed[m]["sampled_tokens"])]
+        per_seed[m]["along_per_ktoken"] = [1e3 * a / t
+                                           for a, t in zip(per_seed[m]["along"], per_seed[m]["sampled_tokens"])]
     out: dict[str, Any] = {"num_checkpoints": len(results), "methods": {}, "differences": {},
                            "reference_halves_cos": [r["reference_halves_cos"] for r in results]}
     for m in methods:
@@ -232,16 +233,16 @@ def to_markdown(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> st
                      f"{fmt(tuple(1e3 * v for v in row['along_per_ktoken']))} | "
                      f"{1e3 * row['update_norm'][0]:.2f} | {fmt(row['gradient_pairwise_cos'])} |")
     if s["differences"]:
-        lines += ["", f"| method minus {baseline}, paired by {unit} | cos(-g, a) | cos(u, a) | <u, a>/\\|a\\| (x1e-3) | "
-                      "per 1k sampled tokens (x1e-3) |",
+        lines += ["", f"| method minus {baseline}, paired by {unit} | cos(-g, a) | cos(u, a) | "
+                      "<u, a>/\\|a\\| (x1e-3) | per 1k sampled tokens (x1e-3) |",
                   "|---|---|---|---|---|"]
         for m, d in s["differences"].items():
             lines.append(f"| {m} | {fmt(d['cos_gradient'])} | {fmt(d['cos_update'])} | "
                          f"{fmt(tuple(1e3 * v for v in d['along']), 2)} | "
                          f"{fmt(tuple(1e3 * v for v in d['along_per_ktoken']))} |")
-    lines += ["", "a: minus the gradient of the trainer's loss on the reference batch (the direction that raises held-out "
-              "success, to first order); g: a draw's loss gradient; u: the update the optimizer, in the checkpoint's "
-              "state, makes of it; per 1k sampled tokens: a checkpoint's mean <u, a>/|a| over its mean sampled tokens per "
-              "draw. Means over draws, then over checkpoints; intervals are 95% Student t over "
+    lines += ["", "a: minus the gradient of the trainer's loss on the reference batch (the direction that raises "
+              "held-out success, to first order); g: a draw's loss gradient; u: the update the optimizer, in the "
+              "checkpoint's state, makes of it; per 1k sampled tokens: a checkpoint's mean <u, a>/|a| over its mean "
+              "sampled tokens per draw. Means over draws, then over checkpoints; intervals are 95% Student t over "
               + ("checkpoints." if n > 1 else "nothing (one checkpoint: no interval).")]
     return "\n".join(lines) + "\n"

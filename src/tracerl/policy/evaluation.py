@@ -75,7 +75,8 @@ def evaluate_rows(model: torch.nn.Module, renderer: ChatRenderer, domain: Any, l
         "eval/failed_rollouts": sum(n.finish_reason == "error" for n in leaves),
         "eval/reward_calls": driver.counters["rollout/reward_calls"],
         "eval/reward_errors": driver.counters["rollout/reward_errors"],
-        "eval/reward_timeouts": driver.counters["rollout/reward_timeouts"], "eval/seconds": time.perf_counter() - started}
+        "eval/reward_timeouts": driver.counters["rollout/reward_timeouts"],
+        "eval/seconds": time.perf_counter() - started}
     for hops in sorted({r.get("extra_info", {}).get("hops") for r in rows} - {None}):
         chosen = [p for p, r in zip(per_prompt, rows) if r["extra_info"].get("hops") == hops]
         result[f"eval/success_hops{hops}"] = float(np.mean(chosen))

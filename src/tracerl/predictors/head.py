@@ -299,7 +299,8 @@ class EmbeddingHeadPredictor(Predictor):
         self.num_updates = int(state["num_updates"])
         self.replay_texts = [str(t) for t in state["replay_texts"]]
         self.replay_struct = np.asarray(state["replay_struct"], dtype=np.int64).reshape(-1, 3)
-        self.replay_emb = np.asarray(state["replay_emb"], dtype=np.float32).reshape(len(self.replay_texts), self._emb_width)
+        self.replay_emb = np.asarray(state["replay_emb"], dtype=np.float32).reshape(
+            len(self.replay_texts), self._emb_width)
         self.replay_targets = np.asarray(state["replay_targets"], dtype=float)
         self.replay_weights = np.asarray(state["replay_weights"], dtype=float)
 

@@ -469,7 +469,8 @@ def to_markdown(summary: dict[str, Any], command: str) -> str:
                   + ("Student's t over the per-seed mean differences" if over == "seeds" else
                      "normal over questions (one seed: training noise is not in it)")
                   + f", the bootstrap interval resamples seeds ({NUM_RESAMPLES} resamples; each seed's value holds its "
-                  "own evaluation noise, so its questions are resampled only where there is one seed); p is the paired t-test's over seeds, and p (Holm) its Holm adjustment over this "
+                  "own evaluation noise, so its questions are resampled only where there is one seed); p is the "
+                  "paired t-test's over seeds, and p (Holm) its Holm adjustment over this "
                   "table's comparisons (read it for every comparison a pre-registration names secondary). A curve "
                   "is read at another cost by interpolating between its evaluations, never beyond its last one. "
                   "The share is read on each seed's own curves (nondecreasing fits), then averaged over seeds."]

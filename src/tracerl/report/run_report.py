@@ -151,7 +151,8 @@ def plot_run(run: dict[str, Any], out: Path) -> dict[str, Path]:
     if train:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["step"] for r in train], [_value(r, "alloc/effective_ratio") for r in train], "o-")
-        finish_axes(ax, "step", "effective ratio (mixed trees / prompts)", "effective ratio per step", (0, 1), legend=False)
+        finish_axes(ax, "step", "effective ratio (mixed trees / prompts)", "effective ratio per step", (0, 1),
+                    legend=False)
         paths["effective_ratio"] = save_figure(plt, fig, out / FIGURES["effective_ratio"])
     pred = run["predictions"]
     if len(pred):
