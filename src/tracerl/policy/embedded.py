@@ -245,7 +245,7 @@ def expert_episode(domain: Any, row: dict[str, Any], rng: np.random.Generator, p
             action = domain.expert_turn(source, history, rng)
         try:
             result = env.step(action)
-        except EpisodeError:  # a user's reward that failed: a failed demonstration, as the driver makes it a failed leaf
+        except EpisodeError:  # a user's reward that failed: a failed demonstration (the driver makes it a failed leaf)
             turns.append((action, None, ""))
             return Episode(row, turns, 0.0, noisy)
         if result.done:

@@ -1,9 +1,10 @@
 """`tracerl bench stage2`: do stage-2 continuations pay for what they cost, compared with fresh rollouts?
 
 Read from the trees a `method=trace` run saves (`trees/step-*.json.gz`, `run.save_trees=true`). Every rollout (leaf)
-is one sample bought at a price (`tracerl.core.ledger.BudgetLedger.rollout_price`): a fresh rollout (anchored at the root) costs
-1 budget unit, a continuation (anchored at an intermediate prefix) `allocation.continuation_cost` units, and each
-sampled the policy tokens below its anchor itself (a shared prefix counts once, with the rollout that sampled it).
+is one sample bought at a price (`tracerl.core.ledger.BudgetLedger.rollout_price`): a fresh rollout (anchored at the
+root) costs 1 budget unit, a continuation (anchored at an intermediate prefix) `allocation.continuation_cost` units,
+and each sampled the policy tokens below its anchor itself (a shared prefix counts once, with the rollout that sampled
+it).
 A rollout is informative when its advantage before any batch-level whitening is non-zero
 (`tracerl.core.metrics.raw_advantages` of the run's estimator and advantage config, as the step metrics count it):
 that is what a policy gradient learns from. Per group of rollouts the report gives

@@ -1,9 +1,9 @@
 """A user's own task: prompt rows from parquet or JSONL, tools as plain Python functions, a verl-style reward.
 
 A task is a `UserTask` (made by a factory named in the config, `data.task = "my_pkg.tasks:make_task"`, whose rows
-`data.train_files`/`data.test_files` may replace) or files alone (a tool-free task scored by `exact_match`). `UserTaskDomain`
-wraps it in the interface the built-in domains have (`rows`, `make_env`, `expert_turn`), so the driver, the
-trainer and the embedded policy's warm start run it unchanged.
+`data.train_files`/`data.test_files` may replace) or files alone (a tool-free task scored by `exact_match`).
+`UserTaskDomain` wraps it in the interface the built-in domains have (`rows`, `make_env`, `expert_turn`), so the
+driver, the trainer and the embedded policy's warm start run it unchanged.
 
 - Rows are verl's layout: `data_source`, `prompt` (chat messages), `reward_model.ground_truth`, `extra_info`.
   A row without `prompt` or `reward_model.ground_truth` fails at load, naming the file and the line.
@@ -332,7 +332,8 @@ class UserTaskDomain:
                                   pool=task.reward_pool, timeout_s=task.reward_timeout_s)
         tools = [make_tool(fn) for fn in task.tools]
         self.tools = {t.tool.name: t for t in tools}
-        self.tool_runner = _tool_runner(task, self.tools)  # checks tool_timeout_s, max_tool_output_chars, tool_isolation
+        # _tool_runner checks tool_timeout_s, max_tool_output_chars and tool_isolation
+        self.tool_runner = _tool_runner(task, self.tools)
         if len(self.tools) != len(tools):
             raise ValueError(f"two tools share a name: {[t.tool.name for t in tools]}")
         if any(t.takes_state for t in tools) and task.make_state is None:
