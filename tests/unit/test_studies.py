@@ -226,7 +226,7 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
     "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
 }
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
-BUILD_MACHINES["math-confirm"] = {1: MACHINE}  # the builds kept so far (its README), of 1-12
+BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 BUILD_MACHINES["funcall-builds"] = {}  # the builds kept so far (its README), of 1-24
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
