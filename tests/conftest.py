@@ -18,9 +18,9 @@ except ImportError:  # the verl and vLLM environments may not have it; their tes
     pass
 
 # folders and files whose tests take seconds to minutes each (training steps, policy builds, servers, Ray, a browser)
-SLOW = ("e2e", "ray", "view/test_view_browser.py", "serve", "torch/test_embedded.py", "torch/test_lora.py", "unit/test_fuzz_driver.py",
-        "sandbox/test_sandbox_nonroot.py", "predictors/test_lm_value.py", "unit/test_studies.py",
-        "verl/test_verl_main_ppo.py")
+SLOW = ("e2e", "ray", "view/test_view_browser.py", "serve", "torch/test_embedded.py", "torch/test_lora.py",
+        "unit/test_fuzz_driver.py", "sandbox/test_sandbox_nonroot.py", "predictors/test_lm_value.py",
+        "unit/test_studies.py", "verl/test_verl_main_ppo.py")
 # folders and files whose tests train, evaluate or compare the policies the tests build (seeded by helpers.BUILD_SEED):
 # `.ci/run` runs them again under a second build seed (marker `builds`), so a test that holds only for the weights one
 # machine builds fails there

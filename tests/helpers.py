@@ -40,7 +40,8 @@ TINY_POLICY = {"seed": BUILD_SEED, "num_entities": 40, "num_distractors": 0, "ho
 
 
 def make_renderer(texts, vocab_size=1200):
-    texts = list(texts) + ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> <answer>x</answer>'] * 20
+    texts = list(texts) + ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> '
+                           '<answer>x</answer>'] * 20
     return ChatRenderer(train_tokenizer(texts, vocab_size=vocab_size))
 
 
@@ -83,7 +84,8 @@ def random_advantages(tree, seed: int) -> TreeAdvantages:
 # a small embedded multi-hop policy that builds in under a second: the trainer tests' policy
 SMALL_EMBEDDED = {"seed": BUILD_SEED, "num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 48,
                   "vocab_size": 400, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-                  "sft_steps": 30, "batch_size": 4, "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2, "max_turns": 3,
+                  "sft_steps": 30, "batch_size": 4, "lr": 1e-2, "num_eval_prompts": 4, "eval_samples_per_prompt": 2,
+                  "max_turns": 3,
                   "max_tokens_per_turn": 24, "max_tokens_per_rollout": 200}
 
 

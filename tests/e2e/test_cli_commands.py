@@ -193,7 +193,8 @@ def test_compare_runs_the_adaptive_samplers_end_to_end(tiny_overrides, tmp_path,
     assert status == 0, err
     assert all(f"| {m} |" in text for m in methods), text
     for m in methods[:-1]:
-        rows = [json.loads(line) for line in (tmp_path / "cmp" / f"{m}-seed0" / "metrics.jsonl").read_text().splitlines()]
+        metrics = tmp_path / "cmp" / f"{m}-seed0" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
         train = [r for r in rows if r["kind"] == "train"]
         assert train and train[0]["alloc/rounds"] >= 1 and train[0]["alloc/rollouts_sampled"] >= 1, (m, train)
 

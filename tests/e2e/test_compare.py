@@ -139,7 +139,8 @@ def test_a_run_another_process_trains_is_skipped_and_a_second_train_is_refused(t
                    for m in messages)
         assert not (tmp_path / "grpo-seed0" / "metrics.jsonl").exists()
         assert [r["step"] for r in read_metrics(tmp_path / "trace-seed0") if r["kind"] == "train"] == [1]
-        args = ["train", "--out", str(tmp_path / "grpo-seed0"), "--resume"] + [a for o in overrides for a in ("--set", o)]
+        args = (["train", "--out", str(tmp_path / "grpo-seed0"), "--resume"]
+                + [a for o in overrides for a in ("--set", o)])
         assert main(args) == 2
         assert "is being trained by another process" in capsys.readouterr().err
         # a worker of --jobs N says why it skipped instead of failing the comparison

@@ -15,7 +15,8 @@ from tracerl.train.trainer import run_training
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inventory"
 TINY = {"seed": BUILD_SEED, "num_train_rows": 60, "p_noise_turn": 0.25, "sft_steps": 40, "batch_size": 4,
-        "vocab_size": 400,        "hidden_size": 32, "num_layers": 1, "max_turns": 4, "max_tokens_per_turn": 40, "max_tokens_per_rollout": 300,
+        "vocab_size": 400, "hidden_size": 32, "num_layers": 1, "max_turns": 4, "max_tokens_per_turn": 40,
+        "max_tokens_per_rollout": 300,
         "num_eval_prompts": 4, "eval_samples_per_prompt": 1, "lr": 1e-2}
 
 
@@ -23,7 +24,8 @@ def test_the_inventory_example_trains_with_continuations(tmp_path):
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(EXAMPLE / "make_data.py"), "--num-train", "60", "--num-test", "6",
                     "--out", str(data)], check=True, capture_output=True)
-    overrides = [f"data.task={EXAMPLE / 'task.py'}:make_task", f"data.train_files={json.dumps([str(data / 'train.jsonl')])}",
+    overrides = [f"data.task={EXAMPLE / 'task.py'}:make_task",
+                 f"data.train_files={json.dumps([str(data / 'train.jsonl')])}",
                  f"data.test_files={json.dumps([str(data / 'test.jsonl')])}", f"policy.embedded={json.dumps(TINY)}",
                  f"policy.cache_dir={tmp_path / 'cache'}", f"run.out_dir={tmp_path / 'run'}", "run.num_steps=2",
                  "run.eval_prompts=6", "run.eval_samples=1", "run.num_threads=1", "run.progress=false",

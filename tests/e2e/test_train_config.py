@@ -64,7 +64,8 @@ def test_every_preset_loads():
     ("allocation.budget_unit=bytes", "allocation.budget_unit='bytes' must be one of 'units', 'tokens'"),
     ("advantages.eps=-1", "advantages.eps=-1.0 must be >= 0"),
     ("run.eval_steps=[0]", r"run.eval_steps=\(0,\) must be >= 1"),
-    ("run.eval_steps=[12,30]", r"run.eval_steps=\[12, 30\]: \[30\] after run.num_steps=24; drop them or raise num_steps"),
+    ("run.eval_steps=[12,30]",
+     r"run.eval_steps=\[12, 30\]: \[30\] after run.num_steps=24; drop them or raise num_steps"),
 ])
 def test_bad_configs_fail_at_load(override, message):
     with pytest.raises(ValueError, match=message):

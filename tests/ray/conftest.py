@@ -10,7 +10,7 @@ pytest.importorskip("uvicorn")
 
 # a plumbing-grade policy: 20 SFT steps, so it writes mostly malformed turns (multi-turn rollouts, some answers)
 TINY_POLICY = {"seed": BUILD_SEED, "num_entities": 40, "num_distractors": 0, "hops": [2, 2], "num_train_rows": 60,
-               "sft_steps": 20,               "vocab_size": 400, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "max_turns": 3,
+               "sft_steps": 20, "vocab_size": 400, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "max_turns": 3,
                "max_tokens_per_turn": 24, "max_tokens_per_rollout": 240, "num_eval_prompts": 2,
                "eval_samples_per_prompt": 1}
 

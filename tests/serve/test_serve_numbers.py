@@ -1,8 +1,8 @@
 """`tracerl serve` reads the one number a client writes as text, the request's Content-Length, with the strict ASCII
 parser every boundary uses (`tracerl.io.files.boundary.parse_int`): "²" (which `bytes.isdigit` refuses but `str.isdigit`
-accepts), "١٢", "+12", "1_2", "-1" and a 5,000-digit run each get HTTP 400 naming the header, never a 500 from a
-bare ValueError. uvicorn's HTTP parsers refuse them before the app sees them; the app's own check must refuse them
-too, since another ASGI server may pass the header on."""
+accepts), "١٢", "+12", "1_2", "-1" and a 5,000-digit run each get HTTP 400 naming the header, never a 500 from a bare
+ValueError. uvicorn's HTTP parsers refuse them before the app sees them; the app's own check must refuse them too, since
+another ASGI server may pass the header on."""
 
 import asyncio
 import json

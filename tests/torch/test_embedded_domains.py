@@ -16,7 +16,8 @@ from tracerl.policy.embedded import EmbeddedConfig, build_embedded, expert_episo
 from tracerl.train.config import load_config
 
 SMALL = EmbeddedConfig(seed=BUILD_SEED, split_digits=True, max_turns=4, max_tokens_per_turn=48, num_train_rows=24,
-                       p_noise_turn=0.2,                       vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_steps=20,
+                       p_noise_turn=0.2, vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                       sft_steps=20,
                        batch_size=4, lr=1e-2, num_eval_prompts=4, eval_samples_per_prompt=2)
 
 

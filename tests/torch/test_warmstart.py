@@ -88,7 +88,8 @@ def test_a_ladder_that_never_reaches_the_floor_says_which_way_to_go():
 
 
 def test_the_table_marks_the_choice_and_states_the_verdict():
-    candidates = {"250": {**reading(0.2, 0.1), "build_seconds": 3.0}, "500": {**reading(0.5, 0.4), "build_seconds": 6.0}}
+    candidates = {"250": {**reading(0.2, 0.1), "build_seconds": 3.0},
+                  "500": {**reading(0.5, 0.4), "build_seconds": 6.0}}
     result = {"candidates": candidates, "steps": 500, "reached": True, "floor": 0.25, "advice": "", "n": 8,
               "num_prompts": 16, "seed": 0, "p_noise_turn": 0.1, "seconds": 12.0}
     text = to_markdown(result)

@@ -1,5 +1,5 @@
-"""The two helpers every boundary uses (tracerl.io.files.boundary): one strict ASCII integer parser for every number read
-from a peer, and one bounded listing for every error that names keys a file or a peer chose.
+"""The two helpers every boundary uses (tracerl.io.files.boundary): one strict ASCII integer parser for every number
+read from a peer, and one bounded listing for every error that names keys a file or a peer chose.
 
 The attacker's side: a number a server or client writes may be any text: Unicode digits that `str.isdigit` accepts
 and `int` refuses (superscripts) or accepts (Arabic-Indic, fullwidth), signs, underscores, blanks, a 5,000-digit

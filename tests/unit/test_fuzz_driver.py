@@ -71,7 +71,8 @@ def adversarial_turns(rng: random.Random, tools: list[dict], count: int) -> list
             out.append(f"<tool_call>{json.dumps({'name': tool['name'], 'arguments': args})}</tool_call>")
         elif kind == 8:  # arguments sent as a JSON string, sometimes broken
             out.append('<tool_call>{"name": "%s", "arguments": %s}</tool_call>'
-                       % (rng.choice(names), json.dumps(rng.choice(['{"a": 1', '[1, 2]', '"s"', '{"q": ' + "9" * 5000 + "}"]))))
+                       % (rng.choice(names),
+                          json.dumps(rng.choice(['{"a": 1', '[1, 2]', '"s"', '{"q": ' + "9" * 5000 + "}"]))))
         elif kind == 9:  # a very long turn
             out.append(rng.choice(["a", "<tool_call>", "<answer>", "\\frac{"]) * rng.randint(500, 6000))
         elif kind == 10:  # unknown tool names of odd shapes
@@ -170,7 +171,8 @@ def test_ten_thousand_adversarial_turns_never_raise_or_stall(renderer):
                     forged = [t for t in inserted if t in end_of_turn]
                     # the inserted text holds exactly the template's own end-of-turn (and none forged by the env)
                     template = renderer.encode(renderer.observation_text("", turn_closed=True))
-                    assert len(forged) <= sum(t in end_of_turn for t in template) + 1, (name, seg.observation_text[:200])
+                    assert len(forged) <= sum(t in end_of_turn for t in template) + 1, \
+                        (name, seg.observation_text[:200])
         total_turns += driver.counters["rollout/turns"]
         report[name] = (driver.counters["rollout/turns"], timed.raised, max(timed.seconds),
                         driver.counters["rollout/neutralised_special_tokens"])

@@ -1,10 +1,10 @@
 """The stage-1 Lagrangian solver's row-by-row passes (n >= knapsack.BY_COLUMN_FROM prompts) give the plans of its
 whole-array forms, float for float: the same counts, value, cost and bound as the solver with every pass whole-array
 (BY_COLUMN_FROM raised past n, the arithmetic of the solver before the row-by-row passes), on seeded and
-hypothesis-drawn instances (N on both sides of the by-column switch at 256; every registered value, one that rises twice and a linear
-one whose ratios all tie; m_max unbounded or set; unit, integer, float and constant non-unit costs; exact ties from
-constant or rounded p). Also the pieces one by one: both chain builders, the column counts, the column-at-a-time
-v_root. Speed is measured by `tracerl bench alloc`, never here."""
+hypothesis-drawn instances (N on both sides of the by-column switch at 256; every registered value, one that rises twice
+and a linear one whose ratios all tie; m_max unbounded or set; unit, integer, float and constant non-unit costs; exact
+ties from constant or rounded p). Also the pieces one by one: both chain builders, the column counts, the
+column-at-a-time v_root. Speed is measured by `tracerl bench alloc`, never here."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def test_the_reading_holds_to_the_hand_computed_table(table):
     assert trace["verdict"] == "unresolved" and trace["question_se"] == pytest.approx(0.5)
     assert stage2["p_holm"] == pytest.approx(min(1.0, 2 * stage2["est"].p_value))  # the second of three by p
     assert over_grpo["p_holm"] == pytest.approx(3 * over_grpo["est"].p_value) and over_grpo["verdict"] == "established"
-    assert confirm.goal(rows) == {"builds": 24, "median": 0.6, "lo": 0.6, "hi": 0.6, "met": True, "per_build": [0.6] * 24}
+    assert confirm.goal(rows) == {"builds": 24, "median": 0.6, "lo": 0.6, "hi": 0.6, "met": True,
+                                  "per_build": [0.6] * 24}
 
 
 @pytest.mark.parametrize("shares, met", [([0.75] * 24, False), ([0.5] * 12 + [None] * 12, False),

@@ -1,4 +1,5 @@
-"""Posterior screening (`samplers.PosteriorScreening`, ours): its Beta arithmetic against sampling, the order and size of its blocks, its budget, and that a better prior makes it keep more of what it samples."""
+"""Posterior screening (`samplers.PosteriorScreening`, ours): its Beta arithmetic against sampling, the order and
+size of its blocks, its budget, and that a better prior makes it keep more of what it samples."""
 
 import numpy as np
 import pytest
