@@ -159,5 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
