@@ -228,7 +228,8 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
 BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
-BUILD_MACHINES["funcall-builds"] = {k: MACHINE for k in (1, 2, 3, 4, 5)}  # the builds kept so far (its README), of 1-24
+# function calling over builds: the builds kept so far (its README), of 1-24
+BUILD_MACHINES["funcall-builds"] = {k: MACHINE for k in (1, 2, 3, 4, 5)}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
 
