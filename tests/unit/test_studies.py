@@ -229,7 +229,7 @@ OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-o
 BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 # function calling over builds: the builds kept so far (its README), of 1-24
-BUILD_MACHINES["funcall-builds"] = {k: MACHINE for k in (1, 2, 3, 4, 5, 6, 7, 8)}
+BUILD_MACHINES["funcall-builds"] = {k: MACHINE for k in (1, 2, 3, 4, 5, 6, 7, 8, 9)}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
 
