@@ -111,10 +111,8 @@ def test_a_hub_id_passes_the_config_and_fails_clearly_when_it_cannot_be_loaded(m
     import huggingface_hub.constants
 
     # as on a machine without the hub: nothing cached, nothing reachable. The hub library reads HF_HUB_OFFLINE and its
-    # cache folder when first imported, which an earlier test may have done: the variables are set for a fresh import
-    # and the library's own constants for this one (else the load waits on the network, about 50 s here)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    # cache folder once, when first imported, so its constants are set here, not the variables (with the library
+    # imported before, the load would wait on the network: about 50 s here)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     config = load_config(None, ["policy.model=Qwen/Qwen3-0.6B", "data.domain=funcall"])

@@ -300,8 +300,7 @@ def to_markdown(result: dict[str, Any]) -> str:
               f"machinery (+{100 * plan['min_effect']:.1f} points, or a token share of {plan['max_share']:.0%}); "
               f"\"fewer tokens\" only where the share's bootstrap interval ends below 100%; the goal is a share of at "
               f"most {plan['goal_share']:.0%} with that interval below 100%. The share is pooled over seeds by its "
-              "mean "
-              f"(registered: the overall line reads it) and by its median (a secondary reading).", "",
+              "mean (registered: the overall line reads it) and by its median (a secondary reading).", "",
               f"| question | estimate [95% t CI] | [95% bootstrap CI] | p | p (Holm) | verdict |",
               "|---|---|---|---|---|---|"]
     for c in result["comparisons"]:
