@@ -23,7 +23,9 @@ build gives one difference, its interval is Student's t over builds. The rule, a
   fewer builds than B a reading is an interim look that decides nothing.
 
 Also stated, not tested: each build's weights hash, its start, every method's final success and sampled tokens, and
-the paired question noise of each difference beside the spread over builds.
+the paired question noise of each difference beside the spread over builds; where the kept builds span machines
+(amendment 20, as amendment 17 reads a table over builds), each difference's mean [95% t] over each machine's builds
+and Welch's difference between two machines' means (descriptive: no reading changes with them).
 """
 
 from __future__ import annotations
@@ -73,7 +75,20 @@ def registered(rows: dict[int, dict], funcall_p: float | None) -> dict:
     return item
 
 
-def to_markdown(tables: dict[str, dict[int, dict]], funcall_p: float | None = None) -> str:
+def by_machine(tables: dict[str, dict[int, dict]], machine: dict[int, str]) -> list[str]:
+    """Amendment 20's descriptive lines: every difference the reading states, per machine (`per_machine`); none
+    where the builds trained on one machine."""
+    builds = list(tables["pcl"])
+    differences = {}
+    for base, pairs in (("grpo", REGISTERED), ("pcl", PRIMARIES + SECONDARY + ROOT_ONLY)):
+        for m, c in pairs:
+            values = posterior_confirm.difference(tables[base], m, c)[0]
+            differences[f"`{m}` - `{c}` at `{base}`'s final tokens"] = dict(zip(tables[base], values))
+    return posterior_confirm.per_machine(differences, machine, builds, amendment="amendment 20")
+
+
+def to_markdown(tables: dict[str, dict[int, dict]], funcall_p: float | None = None,
+                machine: dict[int, str] | None = None) -> str:
     builds = list(tables["pcl"])
     interim = PLANNED_BUILDS is None or len(builds) < PLANNED_BUILDS
     planned = "not yet fixed (amendment 13's B)" if PLANNED_BUILDS is None else f"{PLANNED_BUILDS}"
@@ -108,6 +123,7 @@ def to_markdown(tables: dict[str, dict[int, dict]], funcall_p: float | None = No
             lines.append(f"| {k} | `{p['weights']}` | {p['start']:.1f}% | `{m}` | {p['final'][m]:.1f}% | "
                          f"{p['tokens'][m]:,.0f} | {g['diff'][m]:+.2f} ({g['se'][m]:.2f}) | "
                          f"{p['diff'][m]:+.2f} ({p['se'][m]:.2f}) |")
+    lines += by_machine(tables, machine or {})
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(tables['pcl'])} build(s) under {args.root} have all of {', '.join(METHODS)} finished and both "
               "reports written; an interval over builds needs two", file=sys.stderr)
         return 1
-    text = to_markdown(tables, args.funcall_p)
+    text = to_markdown(tables, args.funcall_p, posterior_confirm.machines(args.root, tables["pcl"], METHODS))
     return posterior_screen.emit(text, args.out)
 
 

@@ -45,6 +45,7 @@ import json
 import math
 import sys
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,13 +174,13 @@ def pilot_count(rows: dict[int, dict], design: Design, rule: dict | None = None)
                       for effect in (rule["effect"], 2 * rule["effect"])}}
 
 
-def machines(root: Path, rows: dict[int, dict], design: Design = POSTERIOR) -> dict[int, str]:
-    """Each build's machine: the CPU flags hash that its runs' `saved_on.json` name (records restored under `root`).
-    A build whose runs name none, or name two, has none here."""
+def machines(root: Path, builds: Iterable[int], methods: Iterable[str]) -> dict[int, str]:
+    """Each build's machine: the CPU flags hash that its runs (seed 0 of `methods`) name in `saved_on.json` (records
+    restored under `root`). A build whose runs name none, or name two, has none here."""
     found = {}
-    for k in rows:
+    for k in builds:
         named = set()
-        for m in design.needed:
+        for m in methods:
             saved = root / f"build{k}" / f"{m}-seed0" / "saved_on.json"
             named.add(json.loads(saved.read_text()).get("cpu_flags_sha256") if saved.exists() else None)
         if len(named) == 1 and None not in named:
@@ -205,28 +206,36 @@ def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -
     """Amendment 17's descriptive lines, where the builds span machines: each difference's mean [95% t] over each
     machine's builds and, for two machines, Welch's difference between them. Nothing where one machine (or none
     is known)."""
+    differences = {f"`{m}` - `{c}`": dict(zip(rows, difference(rows, m, c)[0]))
+                   for m, c in design.primaries + design.secondary}
+    return per_machine(differences, machine, list(rows))
+
+
+def per_machine(differences: dict[str, dict[int, float]], machine: dict[int, str], builds: list[int],
+                amendment: str = "amendment 17") -> list[str]:
+    """The lines of `by_machine` for any differences (label -> {build: value in points}) of `builds`."""
     counts: dict[str, list[int]] = {}
     for k, h in machine.items():
         counts.setdefault(h, []).append(k)
     groups = sorted(counts, key=lambda g: (-len(counts[g]), g))  # the machine with most builds first
     if len(groups) < 2:
         return []
-    unknown = [k for k in rows if k not in machine]
+    unknown = [k for k in builds if k not in machine]
     header = " | ".join(f"`{g}` ({len(counts[g])} builds)" for g in groups)
-    lines = ["", "By machine (amendment 17; descriptive, no reading changes with it): mean [95% t over that "
+    lines = ["", f"By machine ({amendment}; descriptive, no reading changes with it): mean [95% t over that "
              "machine's builds]" + (f"; not in a group, as its runs name no one machine: build "
                                     f"{', '.join(map(str, unknown))}" if unknown else "")
              + ".", "", f"| difference | {header} |" + (" first - second [95% Welch] |" if len(groups) == 2 else ""),
              "|---|" + "---|" * (len(groups) + (len(groups) == 2))]
-    for m, c in design.primaries + design.secondary:
-        per = [difference({k: rows[k] for k in counts[g]}, m, c)[0] for g in groups]
+    for label, values in differences.items():
+        per = [[values[k] for k in counts[g]] for g in groups]
         cells = []
-        for values in per:
-            est = seed_mean(values)
+        for group in per:
+            est = seed_mean(group)
             cells.append(f"{est.mean:+.2f} [{est.lo:+.2f}, {est.hi:+.2f}]")
         if len(groups) == 2:
             cells.append("{:+.2f} [{:+.2f}, {:+.2f}]".format(*welch(*per)))
-        lines.append(f"| `{m}` - `{c}` | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Builds by machine: " + "; ".join(f"`{g}`: {', '.join(map(str, counts[g]))}" for g in groups) + "."]
     return lines
 
@@ -293,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(rows)} build(s) under {args.root} have all of {', '.join(design.needed)} finished; an interval "
               "over builds needs two", file=sys.stderr)
         return 1
-    text = to_markdown(rows, design, machines(args.root, rows, design))
+    text = to_markdown(rows, design, machines(args.root, rows, design.needed))
     return posterior_screen.emit(text, args.out)
 
 

@@ -107,10 +107,47 @@ def test_the_reader_refuses_fewer_than_two_builds_and_a_p_outside_0_1(tmp_path, 
 
 
 def test_the_runner_refuses_an_evaluation_below_the_registered_floor_before_it_builds_anything(tmp_path):
+    table = ROOT / "runs" / "math-confirm"  # a checkout training the table has runs here already: none may change
+    before = sorted(table.rglob("*")) if table.exists() else None
     done = subprocess.run(["bash", str(ROOT / "studies" / "math_confirm.sh"), "1", "256", "4"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "below amendment 13's floor of 512 questions x 4 samples" in done.stderr
-    assert not (ROOT / "runs" / "math-confirm").exists()
+    assert (sorted(table.rglob("*")) if table.exists() else None) == before
+
+
+def test_builds_on_two_machines_are_also_read_per_machine_without_changing_a_reading(tmp_path, capsys):
+    """Amendment 20: builds 1-3 on machine `aaaa`, 4-6 on `bbbb`, `trace` - `grpo` = 1.0 +- 0.2 alternating (so
+    1.2, 0.8, 1.2 and 0.8, 1.2, 0.8): each machine's mean and t interval, Welch's difference between them (4
+    degrees of freedom: equal variances and counts), for every difference of both reports; the registered table
+    above it unchanged; one machine adds nothing."""
+    for k in range(1, 7):
+        write_build(tmp_path, k, {"trace": swing(1.0, 0.2, k)}, {"posterior": 0.5, "trace-root-only": 0.1 * k})
+        for m in confirm.METHODS:
+            (tmp_path / f"build{k}" / f"{m}-seed0").mkdir()
+            (tmp_path / f"build{k}" / f"{m}-seed0" / "saved_on.json").write_text(
+                json.dumps({"cpu_flags_sha256": "aaaa" if k <= 3 else "bbbb"}))
+    tables = confirm.read(tmp_path)
+    machine = confirm.posterior_confirm.machines(tmp_path, tables["pcl"], confirm.METHODS)
+    assert machine == {1: "aaaa", 2: "aaaa", 3: "aaaa", 4: "bbbb", 5: "bbbb", 6: "bbbb"}
+    lines = confirm.by_machine(tables, machine)
+    assert lines[1].startswith("By machine (amendment 20; descriptive") and "`aaaa` (3 builds) | `bbbb` (3" in lines[3]
+    (row,) = [line for line in lines if line.startswith("| `trace` - `grpo` at `grpo`'s final tokens |")]
+    sd = math.sqrt((2 * (0.4 / 3) ** 2 + (0.8 / 3) ** 2) / 2)  # either machine's three values about its mean
+    half = 4.303 * sd / math.sqrt(3)  # t(2)
+    assert f"+1.07 [{3.2 / 3 - half:+.2f}, {3.2 / 3 + half:+.2f}]" in row
+    assert f"+0.93 [{2.8 / 3 - half:+.2f}, {2.8 / 3 + half:+.2f}]" in row
+    welch_half = 2.776 * sd * math.sqrt(2 / 3)  # t(4)
+    assert f"+0.13 [{0.4 / 3 - welch_half:+.2f}, {0.4 / 3 + welch_half:+.2f}]" in row
+    (row,) = [line for line in lines if line.startswith("| `trace-root-only` - `pcl` at `pcl`'s final tokens |")]
+    assert "+0.20 [" in row and "+0.50 [" in row
+    assert row.endswith("| -0.30 [-0.53, -0.07] |")  # 2.776 * sqrt(2 * 0.01 / 3)
+    assert len([line for line in lines if line.startswith("| `")]) == 6  # (a), (b)'s two, (b)'s secondary, (c)'s two
+    assert lines[-1] == "Builds by machine: `aaaa`: 1, 2, 3; `bbbb`: 4, 5, 6."
+    assert confirm.by_machine(tables, {k: "aaaa" for k in machine}) == []
+    assert confirm.main([str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert text == confirm.to_markdown(tables, None, machine) and text.index("Per build") < text.index("By machine")
+    assert confirm.to_markdown(tables).split("\n") == text.split("\n")[:-len(lines) - 1] + [""]
 
 
 def test_the_reader_prints_and_writes_the_same_reading(tmp_path, capsys):

@@ -141,7 +141,7 @@ def test_builds_on_two_machines_are_also_read_per_machine_without_changing_a_rea
             saved = tmp_path / f"build{k}" / f"{m}-seed0" / "saved_on.json"
             saved.write_text(json.dumps({"cpu_flags_sha256": where}))
     rows = confirm.read(tmp_path, design)
-    machine = confirm.machines(tmp_path, rows, design)
+    machine = confirm.machines(tmp_path, rows, design.needed)
     assert sorted(machine) == list(range(29, 52)) and {machine[29], machine[51]} == {"aaaa", "bbbb"}
     lines = confirm.by_machine(rows, design, machine)
     (row,) = [line for line in lines if line.startswith("| `trace-root-only` - `pcl`")]
