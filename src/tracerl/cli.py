@@ -94,6 +94,19 @@ def _bench_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_logits(args: argparse.Namespace) -> int:
+    try:
+        from tracerl.bench import logits
+    except ImportError as err:
+        raise SystemExit(f"tracerl bench logits needs torch and transformers: pip install -e '.[torch]' ({err})")
+
+    print("bench logits: one training step with the logits of every position vs only those that predict a policy "
+          "token (tiny model, Qwen3's vocabulary) ...", file=sys.stderr, flush=True)
+    result = logits.run(_with_sets(logits.DEFAULT, args.set))
+    print(json.dumps(_finite(result)) if args.json else logits.to_markdown(result))
+    return 0
+
+
 def _bench_stage2(args: argparse.Namespace) -> int:
     from tracerl.report.stage2 import write_report
 
@@ -425,6 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a field of the benchmark's config, e.g. --set allocation.budget_unit=tokens")
     p.set_defaults(func=_bench_pack)
+
+    p = bench.add_parser("logits", help="policy-loss forward+backward with the logits of every position vs only "
+                                        "those that predict a policy token (tiny model, Qwen3's vocabulary)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the workload (`tracerl bench pack`'s config), "
+                        "e.g. --set prompt_tokens=512")
+    p.set_defaults(func=_bench_logits)
 
     p = bench.add_parser("predictors", help="success predictors (numpy, MiniLM head, LM value head) trained online "
                                             "on one recorded sequence of steps: calibration and cost")

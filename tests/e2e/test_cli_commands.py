@@ -48,6 +48,7 @@ def test_every_subcommand_has_help(capsys, words):
 # each subcommand -> the test below that runs it (a new subcommand fails the next test until it gets one)
 COVERED = {"bench alloc": "test_bench_alloc_and_predictors", "bench predictors": "test_bench_alloc_and_predictors",
            "bench engine": "test_bench_engine_and_pack", "bench pack": "test_bench_engine_and_pack",
+           "bench logits": "test_bench_engine_and_pack",
            "bench view": "test_bench_view_runs_or_says_what_to_install", "train": "test_train_resume_eval_view_report",
            "bench stage2": "test_train_resume_eval_view_report",
            "bench alignment": "test_train_resume_eval_view_report",
@@ -92,6 +93,12 @@ def test_bench_engine_and_pack(capsys):
     status, out, _ = run(capsys, "bench", "pack", "--hidden-size", "32", "--set", "num_prompts=2",
                          "--set", "num_layers=1")
     assert status == 0 and "pack" in out.lower()
+    # benchmarks/README.md: tracerl bench logits (each variant in its own process; a small vocabulary here)
+    status, out, _ = run(capsys, "bench", "logits", "--json", "--set", "vocab_size=512", "--set", "prompt_tokens=16",
+                         "--set", "repeats=1")
+    variants = json.loads(out)["variants"]
+    assert status == 0 and variants["kept"]["logit_rows"] < variants["all"]["logit_rows"]
+    assert variants["kept"]["loss_rel_diff"] < 1e-6 and variants["kept"]["grad_max_rel_diff"] < 1e-5
 
 
 def test_bench_view_runs_or_says_what_to_install(capsys):

@@ -243,3 +243,78 @@ def test_packed_trees_train_under_bfloat16_autocast_like_rollouts_do(step, attn)
     for name, g in want_grads.items():
         scale = g.abs().max().item()
         assert (got_grads[name] - g).abs().max().item() <= 0.1 * scale + 1e-6, f"{attn}: gradient of {name}"
+
+
+# ------------------------------------------------------------------------------------------ logits kept
+class CountingLogits(torch.nn.Module):
+    """`model`, recording the sequence length of every logits tensor it returns."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config, self.widths = model, model.config, []
+
+    def get_base_model(self):  # as a PEFT wrapper names the model it wraps
+        return self.model
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        self.widths.append(out.logits.shape[1])
+        return out
+
+
+@pytest.mark.parametrize("layout", ["rollouts", "packed"])
+def test_the_loss_computes_logits_only_where_a_policy_token_is_predicted_and_keeps_every_value(step, layout):
+    """The batch functions read policy tokens only (`needed`): the model returns logits at fewer positions than the
+    row has, and the logprobs at policy tokens, the loss and every gradient are those of the full logits (0 at
+    every other token, where the full path has values)."""
+    model, trees, advs = step
+    policy = perturbed(model, MOVE, seed=3)
+    batch = rollout_batch(trees, advs) if layout == "rollouts" else packed_batch(trees, advs)
+    counting = CountingLogits(policy)
+    with torch.no_grad():
+        full = token_logprobs(policy, **batch.model_inputs())  # (B, T): every predicted token
+        kept = batch_logprobs(counting, batch)
+    width = batch.input_ids.shape[1]
+    assert counting.widths and all(w < width for w in counting.widths), f"{counting.widths} logits of {width}"
+    policy_tokens = batch.loss_mask > 0
+    torch.testing.assert_close(kept[policy_tokens], full[policy_tokens], rtol=1e-6, atol=1e-6)
+    assert kept[~policy_tokens].abs().max() == 0 and full[~policy_tokens].abs().max() > 0
+    mask = batch.leaf_mask if layout == "packed" else (batch.loss_mask > 0).unsqueeze(-1)
+    advantages = batch.advantages if layout == "packed" else batch.advantages.unsqueeze(-1)
+    grads = []
+    for logprobs in (lambda: token_logprobs(policy, **batch.model_inputs()), lambda: batch_logprobs(policy, batch)):
+        policy.zero_grad(set_to_none=True)
+        loss, _ = packed_policy_loss(logprobs(), batch.logprobs_old, advantages, mask)
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (want_loss, want_grads), (got_loss, got_grads) = grads
+    assert got_loss == pytest.approx(want_loss, rel=1e-6, abs=1e-8)
+    assert_same_gradients(got_grads, want_grads, f"kept logits, {layout}")
+
+
+def test_nothing_to_read_still_gives_a_loss_with_a_zero_gradient_and_a_model_without_the_option_gets_all(step):
+    """No policy token in the batch: one position is kept, the loss is 0 and backpropagates to zero gradients. A model
+    whose forward does not take `logits_to_keep` gets the full logits and gives the same values."""
+    model, trees, advs = step
+    batch = rollout_batch(trees, advs)
+    policy = perturbed(model, MOVE, seed=4)
+    counting = CountingLogits(policy)
+    none = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
+    logprobs = token_logprobs(counting, **batch.model_inputs(), needed=none)
+    assert counting.widths == [1] and logprobs.abs().max() == 0
+    loss, _ = packed_policy_loss(logprobs, batch.logprobs_old, batch.advantages.unsqueeze(-1), none.unsqueeze(-1))
+    loss.backward()
+    assert loss.item() == 0 and all(p.grad is None or p.grad.abs().max() == 0 for p in policy.parameters())
+
+    class NoOption(torch.nn.Module):  # a forward without `logits_to_keep`
+        def __init__(self):
+            super().__init__()
+            self.inner = policy
+
+        def forward(self, input_ids, attention_mask, position_ids=None, use_cache=False):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=use_cache)
+
+    with torch.no_grad():
+        got, want = batch_logprobs(NoOption(), batch), batch_logprobs(policy, batch)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

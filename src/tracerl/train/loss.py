@@ -6,11 +6,15 @@ per leaf of the tree, valid where the token lies on that leaf's rollout. Each (t
 its own and weighted as the per-rollout loss weights it, so packing changes which tokens the model computes,
 never the loss value or its gradient (on any epoch, not only at policy ratio 1).
 
-This module does not build batches, step an optimiser or schedule epochs. `token_logprobs` materialises the full
-(B, T, V) logits: fine for the tiny and small models it is tested on; a large vocabulary wants chunking.
+This module does not build batches, step an optimiser or schedule epochs. The (B, K, V) logits are the update's
+largest tensor with a large vocabulary: the batch functions ask only for the K row positions that predict a policy
+token in some row (`token_logprobs`'s `needed`, through the model's `logits_to_keep`), not for every prompt,
+observation and padding position; within those they are materialised whole (no chunking over the vocabulary).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -22,13 +26,18 @@ TREE_MASK_ATTENTION = ("eager", "sdpa")  # implementations that take a custom 4D
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    position_ids: torch.Tensor | None = None, *, prev_index: torch.Tensor | None = None,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, needed: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) log p(token t | its context) = log_softmax(logits / temperature) at the position that predicts t.
 
     Default: the previous token (t - 1), the usual shift; a 2D `attention_mask` marks real tokens. With a packed
     tree, pass the (B, 1, T, T) bool tree mask, `position_ids` and `prev_index` (-1 = nothing predicts the token).
     Entries with no predictor are 0. The temperature must be the sampling temperature, so that a ratio compares
     like with like: the engine's logprobs are log_softmax(logits / T).
+
+    `needed` (B, T) bool: the only tokens the caller reads (a loss's policy tokens); every other entry is 0. A
+    model that takes `logits_to_keep` (transformers' causal LMs) then computes logits only at the positions that
+    predict a needed token in some row: the same values at those positions (each position's logits are its own
+    row of the output projection), without the (B, T, V) tensor.
     """
     if attention_mask.dim() == 4:
         impl = getattr(model.config, "_attn_implementation", None)
@@ -39,18 +48,35 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         # eager adds the mask to the scores, so it must be additive; finfo.min (not -inf) keeps rows finite
         additive = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)  # (B, 1, T, T)
         attention_mask = additive.masked_fill(~attention_mask.bool(), torch.finfo(dtype).min)
+    num_rows, width = input_ids.shape
+    device = input_ids.device
+    if prev_index is None:
+        prev_index = (torch.arange(width, device=device) - 1).expand(num_rows, width)  # (B, T)
+    src = prev_index.clamp(min=0)  # (B, T) the row position whose logits predict each token
+    read = prev_index >= 0 if needed is None else (prev_index >= 0) & needed.bool()  # (B, T)
+    keep = {}
+    if needed is not None and takes_logits_to_keep(model):
+        # the positions that predict a read token in some row, sorted (K,); at least one, so that a batch with
+        # nothing to read still gives a loss connected to the parameters (its gradient is then zero)
+        positions = torch.unique(src[read]) if bool(read.any()) else torch.zeros(1, dtype=torch.long, device=device)
+        slot = torch.zeros(width, dtype=torch.long, device=device)
+        slot[positions] = torch.arange(len(positions), device=device)
+        src = slot[src]  # (B, T) the kept logits' index of each predicting position (0 where nothing is read)
+        keep["logits_to_keep"] = positions
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False).logits.float()  # (B, T, V)
+                   use_cache=False, **keep).logits.float()  # (B, K, V); K = T without `needed`
     if temperature != 1.0:
         logits = logits / temperature
-    lse = logits.logsumexp(-1)  # (B, T)
-    num_rows, width = input_ids.shape
-    if prev_index is None:
-        prev_index = (torch.arange(width, device=input_ids.device) - 1).expand(num_rows, width)  # (B, T)
-    src = prev_index.clamp(min=0)  # (B, T)
-    rows = torch.arange(num_rows, device=input_ids.device)[:, None]  # (B, 1)
+    lse = logits.logsumexp(-1)  # (B, K)
+    rows = torch.arange(num_rows, device=device)[:, None]  # (B, 1)
     picked = logits[rows, src, input_ids] - lse[rows, src]  # (B, T)
-    return torch.where(prev_index >= 0, picked, torch.zeros_like(picked))
+    return torch.where(read, picked, torch.zeros_like(picked))
+
+
+def takes_logits_to_keep(model) -> bool:
+    """Whether `model`'s forward (under a PEFT wrapper, its base model's) takes transformers' `logits_to_keep`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _agg_weights(valid: torch.Tensor, agg: str) -> torch.Tensor:
@@ -142,8 +168,9 @@ def policy_loss(logprobs_new: torch.Tensor, logprobs_old: torch.Tensor, advantag
 
 
 def batch_logprobs(model, batch: RolloutBatch | PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T) `token_logprobs` of `model` on either batch layout."""
-    return token_logprobs(model, **batch.model_inputs(), temperature=temperature)
+    """(B, T) `token_logprobs` of `model` on either batch layout, at its policy tokens (0 elsewhere: the loss reads
+    no other, so the logits of no other position are computed)."""
+    return token_logprobs(model, **batch.model_inputs(), temperature=temperature, needed=batch.loss_mask > 0)
 
 
 def batch_policy_loss(model, batch: RolloutBatch | PackedBatch, *, temperature: float = 1.0,
