@@ -16,6 +16,12 @@
 # and against pcl in build<k>/vs-pcl/ (the reader, studies/math_confirm.py, reads both); each finished build's
 # six runs are kept in studies/math-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is
 # made again from its seed and checked against the weights hash the runs hold).
+# REPORTS=1 trains nothing: each listed build's kept runs are put back from its archive where runs/math-confirm lacks
+# them (on any machine), its two reports written as above, and what the reader reads of it kept in
+# studies/math-confirm/reports/build<k>/ (both reports, each run's saved_on.json); how the table is read once all of
+# its builds are kept, wherever they trained (the proxy check reads the restored runs):
+#   REPORTS=1 studies/math_confirm.sh "$(seq -s ' ' 1 12)" 1024 4
+#   python studies/math_confirm.py studies/math-confirm/reports --funcall-p P --out studies/math-confirm/primary.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 builds=${1:?"name the builds, e.g. \"1 3 5\""}
@@ -33,13 +39,29 @@ common=(--methods "$methods" --seeds 0-0 --config configs/math.toml
         --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
 mkdir -p studies/math-confirm
 for k in $builds; do
-  tracerl warmstart --config configs/math.toml --set policy.embedded.seed="$k" --keep
   out=runs/math-confirm/build$k
-  tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  if [ "${REPORTS:-0}" = 1 ]; then
+    python studies/run_records.py restore "studies/math-confirm/build$k.tar.xz" "$out"
+  else
+    tracerl warmstart --config configs/math.toml --set policy.embedded.seed="$k" --keep
+    tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  fi
   for base in pcl grpo; do  # the report against grpo last, so build<k>/compare.md is the registered question's
     tracerl compare --out "$out" --baseline "$base" "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
     mkdir -p "$out/vs-$base" && cp "$out/compare.md" "$out/compare.json" "$out/vs-$base/"
   done
-  python studies/run_records.py save "$out" "studies/math-confirm/build$k.tar.xz" --no-build --methods "$methods"
+  if [ "${REPORTS:-0}" = 1 ]; then
+    kept=studies/math-confirm/reports/build$k
+    for base in pcl grpo; do
+      mkdir -p "$kept/vs-$base" && cp "$out/vs-$base/compare.md" "$out/vs-$base/compare.json" "$kept/vs-$base/"
+    done
+    for m in ${methods//,/ }; do
+      mkdir -p "$kept/$m-seed0" && cp "$out/$m-seed0/saved_on.json" "$kept/$m-seed0/"
+    done
+  else
+    python studies/run_records.py save "$out" "studies/math-confirm/build$k.tar.xz" --no-build --methods "$methods"
+  fi
 done
-echo "math_confirm: builds $builds in runs/math-confirm/"
+where=""
+[ "${REPORTS:-0}" = 1 ] && where=", their reports in studies/math-confirm/reports/"
+echo "math_confirm: builds $builds in runs/math-confirm/$where"

@@ -22,6 +22,15 @@
 # Two lanes keep both cores busy, each building and then training its own builds one run at a time:
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
 #   studies/posterior_confirm.sh "6 8 10 12 14 16 18 20 22 24 26 28" &
+# REPORTS=1 trains nothing: it puts each listed build's kept runs back from studies/<table>/build<k>.tar.xz where
+# runs/<table>/build<k> lacks them (on any machine: a report reads the runs' records, not the build), writes its two
+# reports as a lane does, and keeps what the reader reads of it in studies/<table>/reports/build<k>/ (the two
+# reports and each run's saved_on.json, which names its machine); the way a table over builds is read once all of
+# its builds are kept, wherever they trained:
+#   REPORTS=1 DESIGN=funcall studies/posterior_confirm.sh "$(seq -s ' ' 1 24)"
+#   python studies/posterior_confirm.py studies/funcall-builds/reports --design funcall \
+#     --out studies/funcall-builds/primary.md
+#
 # Resumable: finished runs are kept and a partial table continues when the same line runs again. Runs go to
 # runs/<table>/build<k>/; each finished build's runs are kept as records in studies/<table>/build<k>.tar.xz
 # (studies/run_records.py, without the build: it is made again from its seed and checked against the weights hash
@@ -55,12 +64,28 @@ config=${settings[1]}
 common=(--methods "$methods" --seeds 0-0 "${settings[@]}" --set run.num_threads=1 --set run.tensorboard=false --jobs 1)
 mkdir -p "studies/$table"
 for k in $builds; do
-  tracerl warmstart --config "$config" --set policy.embedded.seed="$k" --keep
   out=runs/$table/build$k
-  tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  if [ "${REPORTS:-0}" = 1 ]; then
+    python studies/run_records.py restore "studies/$table/build$k.tar.xz" "$out"
+  else
+    tracerl warmstart --config "$config" --set policy.embedded.seed="$k" --keep
+    tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@"
+  fi
   tracerl compare --out "$out" --baseline grpo "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
   mkdir -p "$out/vs-grpo" && cp "$out/compare.md" "$out/compare.json" "$out/vs-grpo/"
   tracerl compare --out "$out" --baseline pcl "${common[@]}" --set policy.embedded.seed="$k" "$@" --report-only
-  python studies/run_records.py save "$out" "studies/$table/build$k.tar.xz" --no-build --methods "$methods"
+  if [ "${REPORTS:-0}" = 1 ]; then
+    kept=studies/$table/reports/build$k
+    mkdir -p "$kept/vs-grpo"
+    cp "$out/compare.md" "$out/compare.json" "$kept/"
+    cp "$out/vs-grpo/compare.md" "$out/vs-grpo/compare.json" "$kept/vs-grpo/"
+    for m in ${methods//,/ }; do
+      mkdir -p "$kept/$m-seed0" && cp "$out/$m-seed0/saved_on.json" "$kept/$m-seed0/"
+    done
+  else
+    python studies/run_records.py save "$out" "studies/$table/build$k.tar.xz" --no-build --methods "$methods"
+  fi
 done
-echo "posterior_confirm: builds $builds in runs/$table/"
+where=""
+[ "${REPORTS:-0}" = 1 ] && where=", their reports in studies/$table/reports/"
+echo "posterior_confirm: builds $builds in runs/$table/$where"

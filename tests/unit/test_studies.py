@@ -18,6 +18,8 @@
   tables over builds (`posterior`'s, `trace-root-only`'s, function calling's pilot, and math's kept so far), one
   per build, each hold that build's finished runs and no build; each read table's reading (`primary.md`, the pilot's
   `pilot.md`) comes back from its builds' kept reports by `posterior_confirm.py`.
+- A table over builds is read from its archives alone: `REPORTS=1 posterior_confirm.sh` on one of function calling's
+  pilot builds, in an empty checkout, writes the bytes of its committed reports.
 - The proxy-rank table (`proxy-ranks/ranks.md`) from the reports, by `proxy_ranks.py`; the posterior screen's table
   (`posterior-screen/screen.md`) from its five builds' reports, by `posterior_screen.py`.
 - Every kept report of the current format shows the intervals over seeds that today's statistics compute from its
@@ -31,8 +33,11 @@ the 2-core machine.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -315,3 +320,25 @@ def test_each_archive_holds_whole_finished_seeds_and_packs_to_its_own_bytes(tabl
     again.parent.mkdir()
     records.pack(folder, again)
     assert again.read_bytes() == archive.read_bytes(), f"{table}: packing its own files gives other bytes"
+
+
+def test_a_builds_kept_reports_come_back_from_its_archive_alone(tmp_path):
+    """`REPORTS=1 studies/posterior_confirm.sh`, the way a table over builds is read on any machine: build 101 of
+    function calling's pilot restored from its archive into an empty checkout's runs/, its two reports written by
+    `tracerl compare --report-only` as the lane wrote them, and what the reader reads of it kept under reports/:
+    the same bytes as the committed reports/build101/ (which the lane wrote on the machine that trained it)."""
+    table = "funcall-builds-pilot"
+    (tmp_path / "studies" / table).mkdir(parents=True)
+    for script in ("posterior_confirm.sh", "run_records.py"):
+        shutil.copy2(STUDIES / script, tmp_path / "studies" / script)
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    shutil.copy2(STUDIES / table / "build101.tar.xz", tmp_path / "studies" / table / "build101.tar.xz")
+    done = subprocess.run(["bash", str(tmp_path / "studies" / "posterior_confirm.sh"), "101"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "REPORTS": "1", "DESIGN": "funcall-pilot",
+                                                      "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    again, kept = tmp_path / "studies" / table / "reports" / "build101", STUDIES / table / "reports" / "build101"
+    files = sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file()) == files and len(files) == 9
+    for name in files:
+        assert (again / name).read_bytes() == (kept / name).read_bytes(), name
