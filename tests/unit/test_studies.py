@@ -226,6 +226,7 @@ SAMPLERS = ["grpo", "pcl", "dapo", "reinforce_ada", "speed", "pilot_commit", "kn
 
 
 SECOND_MACHINE = "6a93d771884cba54"  # another 2-core AMD EPYC (samplers-headroom, posterior-confirm, some others)
+THIRD_MACHINE = "25fc08b1fed3d885"  # another, with AVX-512 (funcall-builds from build 10, amendment 20)
 BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over builds may span machines)
     "posterior-confirm": {k: SECOND_MACHINE for k in range(5, 29)},
     "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
@@ -234,7 +235,8 @@ OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-o
 BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 # function calling over builds: the builds kept so far (its README), of 1-24
-BUILD_MACHINES["funcall-builds"] = {k: MACHINE for k in (1, 2, 3, 4, 5, 6, 7, 8, 9)}
+BUILD_MACHINES["funcall-builds"] = {**{k: MACHINE for k in range(1, 10)},
+                                    **{k: THIRD_MACHINE for k in (10, 11)}}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
 
