@@ -236,7 +236,7 @@ BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so 
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 # function calling over builds: the builds kept so far (its README), of 1-24
 BUILD_MACHINES["funcall-builds"] = {**{k: MACHINE for k in range(1, 10)},
-                                    **{k: THIRD_MACHINE for k in (10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)}}
+                                    **{k: THIRD_MACHINE for k in (10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)}}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
 
