@@ -15,7 +15,7 @@
 - Every archive holds the whole, finished seeds its README lists, all from the one build kept with it (where one
   is), saved on the machine it names.
 - Every archive is what `run_records.pack` makes of its own contents: packed again, the same bytes; those of the
-  tables over builds (`posterior`'s, `trace-root-only`'s, function calling's pilot, and math's kept so far), one
+  tables over builds (`posterior`'s, `trace-root-only`'s, function calling's and its pilot, math's kept so far), one
   per build, each hold that build's finished runs and no build; each read table's reading (`primary.md`, the pilot's
   `pilot.md`) comes back from its builds' kept reports by `posterior_confirm.py`.
 - A table over builds is read from its archives alone: `REPORTS=1 posterior_confirm.sh` on one of function calling's
@@ -234,9 +234,8 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
 BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
-# function calling over builds: the builds kept so far (its README), of 1-24
-BUILD_MACHINES["funcall-builds"] = {**{k: MACHINE for k in range(1, 10)},
-                                    **{k: THIRD_MACHINE for k in (10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)}}
+# function calling over builds: all 24 (builds 1-9 on one machine, 10-24 on another: amendment 20)
+BUILD_MACHINES["funcall-builds"] = {k: MACHINE if k < 10 else THIRD_MACHINE for k in range(1, 25)}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
 
