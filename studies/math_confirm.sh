@@ -16,10 +16,10 @@
 # and against pcl in build<k>/vs-pcl/ (the reader, studies/math_confirm.py, reads both); each finished build's
 # six runs are kept in studies/math-confirm/build<k>.tar.xz (studies/run_records.py, without the build: it is
 # made again from its seed and checked against the weights hash the runs hold).
-# REPORTS=1 trains nothing: each listed build's kept runs are put back from its archive where runs/math-confirm lacks
-# them (on any machine), its two reports written as above, and what the reader reads of it kept in
+# REPORTS=1 trains nothing: each listed build's kept runs are put back from its archive into runs/math-confirm-kept/
+# (on any machine), its two reports written as above, and what the reader reads of it kept in
 # studies/math-confirm/reports/build<k>/ (both reports, each run's saved_on.json); how the table is read once all of
-# its builds are kept, wherever they trained (the proxy check reads the restored runs):
+# its builds are kept, wherever they trained (the proxy check reads runs/math-confirm-kept):
 #   REPORTS=1 studies/math_confirm.sh "$(seq -s ' ' 1 12)" 1024 4
 #   python studies/math_confirm.py studies/math-confirm/reports --funcall-p P --out studies/math-confirm/primary.md
 set -euo pipefail
@@ -41,6 +41,7 @@ mkdir -p studies/math-confirm
 for k in $builds; do
   out=runs/math-confirm/build$k
   if [ "${REPORTS:-0}" = 1 ]; then
+    out=runs/math-confirm-kept/build$k  # the kept records alone, never a lane's folder
     python studies/run_records.py restore "studies/math-confirm/build$k.tar.xz" "$out"
   else
     tracerl warmstart --config configs/math.toml --set policy.embedded.seed="$k" --keep
@@ -64,4 +65,4 @@ for k in $builds; do
 done
 where=""
 [ "${REPORTS:-0}" = 1 ] && where=", their reports in studies/math-confirm/reports/"
-echo "math_confirm: builds $builds in runs/math-confirm/$where"
+echo "math_confirm: builds $builds in runs/math-confirm$([ "${REPORTS:-0}" = 1 ] && echo -kept)/$where"

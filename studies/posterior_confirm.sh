@@ -22,8 +22,8 @@
 # Two lanes keep both cores busy, each building and then training its own builds one run at a time:
 #   studies/posterior_confirm.sh "5 7 9 11 13 15 17 19 21 23 25 27" &
 #   studies/posterior_confirm.sh "6 8 10 12 14 16 18 20 22 24 26 28" &
-# REPORTS=1 trains nothing: it puts each listed build's kept runs back from studies/<table>/build<k>.tar.xz where
-# runs/<table>/build<k> lacks them (on any machine: a report reads the runs' records, not the build), writes its two
+# REPORTS=1 trains nothing: it puts each listed build's kept runs back from studies/<table>/build<k>.tar.xz into
+# runs/<table>-kept/build<k> (on any machine: a report reads the runs' records, not the build), writes its two
 # reports as a lane does, and keeps what the reader reads of it in studies/<table>/reports/build<k>/ (the two
 # reports and each run's saved_on.json, which names its machine); the way a table over builds is read once all of
 # its builds are kept, wherever they trained:
@@ -66,6 +66,7 @@ mkdir -p "studies/$table"
 for k in $builds; do
   out=runs/$table/build$k
   if [ "${REPORTS:-0}" = 1 ]; then
+    out=runs/$table-kept/build$k  # the kept records alone, never a lane's folder
     python studies/run_records.py restore "studies/$table/build$k.tar.xz" "$out"
   else
     tracerl warmstart --config "$config" --set policy.embedded.seed="$k" --keep
@@ -88,4 +89,4 @@ for k in $builds; do
 done
 where=""
 [ "${REPORTS:-0}" = 1 ] && where=", their reports in studies/$table/reports/"
-echo "posterior_confirm: builds $builds in runs/$table/$where"
+echo "posterior_confirm: builds $builds in runs/$table$([ "${REPORTS:-0}" = 1 ] && echo -kept)/$where"

@@ -234,7 +234,7 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
 BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
-# function calling over builds: all 24 (builds 1-9 on one machine, 10-24 on another: amendment 20)
+# function calling over builds: all 24, read (builds 1-9 on one machine, 10-24 on another: amendment 20)
 BUILD_MACHINES["funcall-builds"] = {k: MACHINE if k < 10 else THIRD_MACHINE for k in range(1, 25)}
 KEPT_OVER_BUILDS = [*OVER_BUILDS, ("math-confirm", "math"), ("funcall-builds-pilot", "funcall-pilot"),
                     ("funcall-builds", "funcall")]  # and the tables still training
@@ -248,7 +248,8 @@ def design_methods(design: str) -> list[str]:
 
 
 READ_OVER_BUILDS = [*((table, design, "primary.md") for table, design in OVER_BUILDS),
-                    ("funcall-builds-pilot", "funcall-pilot", "pilot.md")]  # table, design, the file it reads to
+                    ("funcall-builds-pilot", "funcall-pilot", "pilot.md"),
+                    ("funcall-builds", "funcall", "primary.md")]  # table, design, the file it reads to
 
 
 @pytest.mark.parametrize("table, design, reading", READ_OVER_BUILDS)
