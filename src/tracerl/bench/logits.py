@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import torch
 
-from tracerl.bench.pack import PackBenchConfig, synthetic_trees
+from tracerl.bench.pack import PackBenchConfig, relative_differences, synthetic_trees
 from tracerl.core.advantages import compute_advantages
 from tracerl.engines import torch_threads
 from tracerl.engines.tiny import tiny_qwen3
@@ -76,10 +76,8 @@ def run(cfg: PackBenchConfig = DEFAULT) -> dict:
             results[variant] = pool.apply(_measure, (cfg, variant))
     ref = results["all"]
     for variant, row in results.items():
-        row["loss_rel_diff"] = abs(row["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-30)
-        row["grad_max_rel_diff"] = max(
-            float((ref["grads"][n] - g).abs().max() / ref["grads"][n].abs().max().clamp(min=1e-30))
-            for n, g in row["grads"].items())
+        row["loss_rel_diff"], row["grad_max_rel_diff"] = relative_differences(row["loss"], row["grads"], ref["loss"],
+                                                                              ref["grads"])
     for row in results.values():
         del row["grads"]
     return {"variants": results, "config": asdict(cfg)}

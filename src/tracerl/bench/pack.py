@@ -114,6 +114,15 @@ def _step(model, batch) -> tuple[tuple[float, float], float, dict[str, torch.Ten
     return seconds, loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+def relative_differences(loss: float, grads: dict[str, torch.Tensor], ref_loss: float,
+                         ref_grads: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(|loss - ref_loss| / |ref_loss|, the largest over parameters of max |grad - ref| / max |ref|): how far one
+    variant's step is from the reference's."""
+    return (abs(loss - ref_loss) / max(abs(ref_loss), 1e-30),
+            max(float((ref_grads[n] - grads[n]).abs().max() / ref_grads[n].abs().max().clamp(min=1e-30))
+                for n in ref_grads))
+
+
 def _layout_name(split_depth: int) -> str:
     return "packed" if split_depth == 0 else f"packed, split at depth {split_depth}"
 
@@ -146,10 +155,9 @@ def _run(cfg: PackBenchConfig) -> dict:
             layouts[name][f"seconds_{impl}"] = wall[name]
             layouts[name][f"cpu_seconds_{impl}"] = cpu[name]
             layouts[name][f"speedup_{impl}"] = cpu["per rollout"] / cpu[name]
-            layouts[name][f"loss_rel_diff_{impl}"] = abs(losses[name] - ref_loss) / max(abs(ref_loss), 1e-30)
-            layouts[name][f"grad_max_rel_diff_{impl}"] = max(
-                float((ref_grads[n] - grads[name][n]).abs().max() / ref_grads[n].abs().max().clamp(min=1e-30))
-                for n in ref_grads)
+            (layouts[name][f"loss_rel_diff_{impl}"],
+             layouts[name][f"grad_max_rel_diff_{impl}"]) = relative_differences(losses[name], grads[name], ref_loss,
+                                                                                 ref_grads)
     return {
         "workload": {"num_trees": len(trees), "num_rollouts": sum(len(a.leaf_ids) for a in advantages),
                      "num_nodes": sum(len(t) for t in trees)},
