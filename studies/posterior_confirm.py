@@ -28,9 +28,9 @@ build gives one difference, and its interval is Student's t over builds. The rul
   end below 100%.
 - A reading over fewer builds than planned (24) is an interim look that decides nothing.
 
-Where the kept builds trained on more than one machine (amendment 17: each build's runs name their machine in
-`saved_on.json`, restored with its records), each difference is also stated over each machine's builds, with Welch's
-difference between two machines' means: descriptive, no reading changes with it.
+Where the kept builds trained on more than one machine (amendment 17, and 20 for function calling's: each build's
+runs name their machine in `saved_on.json`, restored with its records), each difference is also stated over each
+machine's builds, with Welch's difference between two machines' means: descriptive, no reading changes with it.
 
 Also stated, not tested: each build's weights hash, the paired question noise of each difference beside the spread
 over builds (the design sized the evaluation so the first is at most about half the second), and each method's
@@ -78,6 +78,7 @@ class Design:
     planned_builds: int
     share: bool = True  # the candidate's token share to reach grpo's final success is read (it needs a curve)
     pilot: bool = False  # a pilot: spreads over builds and the count they size, no question read
+    machines_rule: str = "amendment 17"  # the amendment that lets this table's builds span machines
 
 
 DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 14, and `trace-root-only`'s section
@@ -91,7 +92,8 @@ DESIGNS = {  # studies/preregistration.md: `posterior`'s section with amendment 
                             ("pcl", "knapsack_rl", "trace", "grpo", "trace-root-only"), 6, share=False, pilot=True),
 }
 # function calling's table over builds: the pilot's families and runs, B = 24 appended from the pilot's count
-DESIGNS["funcall"] = dataclasses.replace(DESIGNS["funcall-pilot"], planned_builds=24, pilot=False)
+DESIGNS["funcall"] = dataclasses.replace(DESIGNS["funcall-pilot"], planned_builds=24, pilot=False,
+                                         machines_rule="amendment 20")
 # the pilot's rule for the confirmatory count: B = max(MIN, n), n the fewest builds with 80% power at level 0.025
 # (paired t) for +0.5 points at the larger spread over builds of the two primaries, at most MAX
 PILOT_RULE = {"effect": SMALLEST_GAIN, "power": 0.8, "alpha": 0.025, "min_builds": 6, "max_builds": 24}
@@ -203,12 +205,12 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 
 def by_machine(rows: dict[int, dict], design: Design, machine: dict[int, str]) -> list[str]:
-    """Amendment 17's descriptive lines, where the builds span machines: each difference's mean [95% t] over each
-    machine's builds and, for two machines, Welch's difference between them. Nothing where one machine (or none
-    is known)."""
+    """The descriptive lines of amendment 17 (20 for function calling's table), where the builds span machines: each
+    difference's mean [95% t] over each machine's builds and, for two machines, Welch's difference between them.
+    Nothing where one machine (or none is known)."""
     differences = {f"`{m}` - `{c}`": dict(zip(rows, difference(rows, m, c)[0]))
                    for m, c in design.primaries + design.secondary}
-    return per_machine(differences, machine, list(rows))
+    return per_machine(differences, machine, list(rows), amendment=design.machines_rule)
 
 
 def per_machine(differences: dict[str, dict[int, float]], machine: dict[int, str], builds: list[int],
