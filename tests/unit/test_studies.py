@@ -232,7 +232,8 @@ BUILD_MACHINES = {  # each build's machine, by table (amendment 17: a table over
     "root-only-confirm": {k: SECOND_MACHINE if k in (29, 31, 33) else MACHINE for k in range(29, 53)},
 }
 OVER_BUILDS = [("posterior-confirm", "posterior"), ("root-only-confirm", "root-only")]  # table, its design (read)
-BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE}  # the builds kept so far (its README), of 1-12
+# math's builds kept so far (its README), of 1-12
+BUILD_MACHINES["math-confirm"] = {1: MACHINE, 2: MACHINE, 3: THIRD_MACHINE, 4: THIRD_MACHINE}
 BUILD_MACHINES["funcall-builds-pilot"] = {k: MACHINE for k in range(101, 107)}  # all six, read
 # function calling over builds: all 24, read (builds 1-9 on one machine, 10-24 on another: amendment 20)
 BUILD_MACHINES["funcall-builds"] = {k: MACHINE if k < 10 else THIRD_MACHINE for k in range(1, 25)}
