@@ -26,6 +26,7 @@ import posterior_confirm  # noqa: E402
 from run_records import records_folder  # noqa: E402
 
 from tracerl.core.stats import seed_mean  # noqa: E402
+from tracerl.core.tally import batch_shape, from_columns  # noqa: E402
 
 STUDIES = Path(__file__).resolve().parent
 METHODS = ("pcl", "trace-root-only")
@@ -54,16 +55,13 @@ MEASURES = (("prompts", "prompts a step", 1), ("per_prompt", "fresh rollouts a p
 
 def step_measures(row: dict, columns: dict, n: int) -> dict[str, float]:
     """One training step's values: `row` its metrics line, `columns` its rollouts file's columns, n `pcl`'s group
-    size. Only fresh rollouts (`continuation` 0) count; a prompt is its fresh rollouts, each weighing 1/grant."""
-    fresh = [i for i, c in enumerate(columns["continuation"]) if not c]
-    grants = np.array([columns["grant"][i] for i in fresh], dtype=float)
-    weight = 1.0 / grants  # sums to the number of granted prompts
-    p = [columns["p_anchor"][i] for i in fresh]
-    known = [(w, abs(q - 0.5)) for w, q in zip(weight, p) if q is not None]
+    size. Only fresh rollouts count (`tally.batch_shape`: a prompt is its fresh rollouts, each weighing 1/grant)."""
+    shape = batch_shape(from_columns(columns))
+    fresh = shape["fresh"]
     return {"prompts": float(row["alloc/num_prompts"]),
-            "per_prompt": len(fresh) / weight.sum() if len(fresh) else math.nan,
-            "share_n": float(np.mean(grants == n)) if len(fresh) else math.nan,
-            "distance": sum(w * d for w, d in known) / sum(w for w, _ in known) if known else math.nan,
+            "per_prompt": fresh / shape["prompts"] if fresh else math.nan,
+            "share_n": shape["prompts_by_grant"].get(n, 0.0) * n / fresh if fresh else math.nan,
+            "distance": shape["distance"],
             "mixed": float(row["alloc/mixed_trees_per_budget"]), "success": float(row["alloc/success_rate"]),
             "tokens": float(row["rollout/tokens"])}
 

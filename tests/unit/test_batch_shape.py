@@ -10,6 +10,8 @@ import pytest
 
 from helpers import load_study_script
 
+from tracerl.core.tally import Rollout, batch_shape
+
 shape = load_study_script("batch_shape")
 
 ROW = {"kind": "train", "alloc/num_prompts": 3, "alloc/mixed_trees_per_budget": 0.125, "alloc/success_rate": 0.5,
@@ -27,7 +29,10 @@ def columns(groups: list[tuple[int, float | None]], continuations: int = 0) -> d
     grant += [1] * continuations
     p += [0.9] * continuations
     cont += [1] * continuations
-    return {"continuation": cont, "grant": grant, "p_anchor": p}
+    rows = len(cont)
+    return {"continuation": cont, "grant": grant, "p_anchor": p, "anchor_depth": cont, "units": [1.0] * rows,
+            "sampled_tokens": [10] * rows, "informative": [0] * rows, "anchor_outcome": [None] * rows,
+            "flipped": [None] * rows}
 
 
 def test_a_step_counts_prompts_by_their_fresh_rollouts_only():
@@ -88,3 +93,22 @@ def test_the_committed_table_is_what_the_kept_archives_give(tmp_path):
     out = tmp_path / "batch.md"
     assert shape.main(["--out", str(out)]) == 0
     assert out.read_text() == (shape.STUDIES / "batch-shape" / "batch.md").read_text()
+
+
+def fresh(grant: int, p: float | None) -> list[Rollout]:
+    return [Rollout(False, 0, p, 1.0, 10, True, grant=grant)] * grant
+
+
+def test_batch_shape_counts_a_prompt_once_whatever_its_group_size():
+    # groups of 3 (p 0.8), 3 (p 0.5) and 8 (no prediction), and two continuations below them that are not stage 1's
+    items = [*fresh(3, 0.8), *fresh(3, 0.5), *fresh(8, None), *[Rollout(True, 1, 0.1, 0.5, 4, True, 0, True)] * 2]
+    shape = batch_shape(items)
+    assert shape["prompts"] == pytest.approx(3.0) and shape["fresh"] == 14
+    assert shape["prompts_by_grant"] == pytest.approx({3: 2.0, 8: 1.0})
+    assert shape["distance"] == pytest.approx((0.3 + 0.0) / 2)
+
+
+def test_batch_shape_of_records_without_grants_is_unknown_not_wrong():
+    shape = batch_shape([Rollout(False, 0, 0.4, 1.0, 10, False)] * 4)  # grant 0: written before grants were
+    assert math.isnan(shape["prompts"]) and math.isnan(shape["distance"]) and shape["prompts_by_grant"] == {}
+    assert math.isnan(batch_shape([])["distance"]) and batch_shape([])["prompts"] == 0

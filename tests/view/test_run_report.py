@@ -7,6 +7,8 @@ import pytest
 from view_fixtures import CONTINUATION_COST, make_run, mixed_tree
 
 from tracerl.cli import main
+from tracerl.core.tally import Rollout, to_columns
+from tracerl.io.files.runlog import write_rollouts
 from tracerl.report.run_report import FIGURES, read_run, write_run_report
 
 
@@ -68,3 +70,18 @@ def test_cli_report(run_dir, tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2, "a folder without metrics.jsonl is a user error"
     with pytest.raises(ValueError, match="not a directory"):
         write_run_report(tmp_path / "missing")
+
+
+def test_the_batch_counts_each_prompt_once_from_the_rollout_records(run_dir):
+    assert "nothing to say of the batch" in write_run_report(run_dir).read_text(), "the fixture writes no records"
+    prompt = {3: 0.8, 8: 0.5}  # group size -> the predictor's p at that prompt's root
+    steps = {1: [3, 3, 8], 2: [3, 3, 3]}  # each step's groups
+    for step, groups in steps.items():
+        items = [Rollout(False, 0, prompt[g], 1.0, 10, True, grant=g) for g in groups for _ in range(g)]
+        items.append(Rollout(True, 1, 0.1, 0.5, 4, True, 0, True))  # a continuation: not stage 1's
+        write_rollouts(run_dir, step, to_columns(items))
+    report = write_run_report(run_dir).read_text()
+    # 6 prompts over 2 steps; 14 + 9 fresh rollouts; 5 prompts of 3, 1 of 8; |p - 1/2| 0.3 five times, 0 once
+    assert ("Stage 1's batch, from each step's fresh rollouts (2 steps): 3.0 prompts a step (every step), 3.83 fresh "
+            "rollouts a prompt. Prompts by the fresh rollouts granted: 3: 83.3%, 8: 16.7%.") in report
+    assert "mean |p - 1/2| (the predictor's p at the root): 0.250;" in report  # steps: (0.3 + 0.3 + 0) / 3, 0.3

@@ -5,7 +5,8 @@ the policy tokens it sampled itself, `BudgetLedger.rollout_price`), whether it c
 before batch whitening, as the step metrics count it), and for a continuation the outcome of the rollout that created
 its anchor, whether it flipped it, and the predictor's p at the anchor; for a fresh rollout, how many fresh rollouts
 its prompt got (its grant). `tracerl.report.stage2` tallies these into its tables, `studies/stage2_calibration.py`
-reads the continuations one by one.
+reads the continuations one by one. `batch_shape` reads stage 1's batch off a step's fresh rollouts (prompts granted,
+their group sizes, how far their predicted p lies from 1/2), as the run report and `studies/batch_shape.py` state it.
 
 The trainer writes each step's rollouts in columns (`to_columns`, one short list per field: a few kB a step, where
 the step's trees take about 0.3 MB), so a run whose trees are not kept can still be read by those tables, exactly:
@@ -16,6 +17,7 @@ Pure numpy over core types; no file is read or written here.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Hashable, Sequence
@@ -170,6 +172,25 @@ def summarize_run(items: Sequence[Rollout], edges: Sequence[float] = P_EDGES) ->
                          if r.continuation and r.anchor_outcome is not None else None),
         "grant": tally(items, lambda r: None if r.continuation else r.grant),
     }
+
+
+def batch_shape(items: Sequence[Rollout]) -> dict[str, Any]:
+    """Stage 1's batch as one step's fresh rollouts show it: a prompt is its fresh rollouts, each weighing 1/grant.
+    `prompts` granted, `fresh` rollouts, `prompts_by_grant` (group size -> prompts), `distance` the granted prompts'
+    mean |p - 1/2| (the predictor's p at the root, one count a prompt; nan where none carried one). A fresh rollout
+    without a recorded grant (0, records older than the grant column) leaves every count nan."""
+    fresh = [r for r in items if not r.continuation]
+    if any(r.grant < 1 for r in fresh):
+        return {"prompts": math.nan, "fresh": len(fresh), "prompts_by_grant": {}, "distance": math.nan}
+    by_grant: dict[int, float] = defaultdict(float)
+    near, weight = 0.0, 0.0
+    for r in fresh:
+        by_grant[r.grant] += 1.0 / r.grant
+        if r.p_anchor is not None:
+            near += abs(r.p_anchor - 0.5) / r.grant
+            weight += 1.0 / r.grant
+    return {"prompts": sum(by_grant.values()), "fresh": len(fresh), "prompts_by_grant": dict(sorted(by_grant.items())),
+            "distance": near / weight if weight else math.nan}
 
 
 def to_columns(items: Sequence[Rollout]) -> dict[str, list]:

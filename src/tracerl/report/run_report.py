@@ -11,6 +11,10 @@ saved trees (`trees/step-*.json.gz`, `run.save_trees=true`):
   = its leaf count), i.e. what the predictor said against what then happened, with Brier, ECE and AUC from
   `tracerl.core.calibration`. Methods without a predictor (grpo, treepo) have no p; the report says so;
 
+From each step's rollout records (`rollouts/step-*.json`, written whether trees are kept or not), stage 1's batch
+(`tally.batch_shape`): prompts a step, fresh rollouts a prompt, prompts by group size and how far their predicted p
+lies from 1/2; two allocations that rank prompts alike can still build very different batches.
+
 From `metrics.jsonl` again, the budget split per step (`budget.png`): the step ledger's own spend by kind
 (`alloc/units_root`, `alloc/units_prefix`, `alloc/num_continuations`, logged by `tracerl.core.step`), next to the
 logged `rollout/units`; nothing is re-derived from the trees.
@@ -31,10 +35,11 @@ import numpy as np
 
 from tracerl.core.calibration import calibration_metrics, expand_soft_targets, reliability
 from tracerl.core.methods import METHODS
+from tracerl.core.tally import batch_shape, from_columns
 from tracerl.core.tree import Tree
 from tracerl.io.files import read_utf8
 from tracerl.io.files.run_folder import run_path, write_atomic
-from tracerl.io.files.runlog import read_metrics, read_trees
+from tracerl.io.files.runlog import read_metrics, read_rollouts, read_trees
 from tracerl.report.figures import finish_axes, save_figure
 from tracerl.report.view import tree_steps
 
@@ -74,7 +79,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
                "num_continuations": int(r.get("alloc/num_continuations", 0)),
                "prefix_units": float(r.get("alloc/units_prefix", 0.0)), "logged_units": r.get("rollout/units")}
               for r in rows if r["kind"] == "train" and "alloc/units_root" in r]
-    return {"dir": run_dir, "train": [r for r in rows if r["kind"] == "train"],
+    shapes = [batch_shape(from_columns(columns)) for _, columns in sorted(read_rollouts(run_dir).items())]
+    return {"dir": run_dir, "train": [r for r in rows if r["kind"] == "train"], "batch": shapes,
             "eval": [r for r in rows if r["kind"] == "eval"], "config": config, "has_config": bool(config),
             "tree_steps": steps, "budget": budget,
             "predictions": np.array(preds, dtype=float).reshape(-1, 5), "method": method or "unknown",
@@ -221,6 +227,30 @@ def fault_lines(counts: dict[str, dict[str, int]]) -> list[str]:
     return lines
 
 
+def _spread(values: list[float]) -> str:
+    return "every step" if min(values) == max(values) else f"from {min(values):g} to {max(values):g}"
+
+
+def batch_lines(shapes: list[dict[str, Any]]) -> list[str]:
+    """Stage 1's batch over the run's steps (`tally.batch_shape` of each step's fresh rollouts)."""
+    known = [b for b in shapes if b["fresh"] and math.isfinite(b["prompts"])]
+    if not known:
+        return ["No step recorded its fresh rollouts with their grants (`rollouts/`): nothing to say of the batch."]
+    prompts = [b["prompts"] for b in known]
+    by_grant: dict[int, float] = {}
+    for b in known:
+        for g, n in b["prompts_by_grant"].items():
+            by_grant[g] = by_grant.get(g, 0.0) + n
+    sizes = ", ".join(f"{g}: {n / sum(prompts):.1%}" for g, n in sorted(by_grant.items()))
+    near = [b["distance"] for b in known if math.isfinite(b["distance"])]
+    return [f"Stage 1's batch, from each step's fresh rollouts ({len(known)} steps): {np.mean(prompts):.1f} prompts a "
+            f"step ({_spread(prompts)}), {sum(b['fresh'] for b in known) / sum(prompts):.2f} "
+            f"fresh rollouts a prompt. Prompts by the fresh rollouts granted: {sizes}. "
+            + (f"The granted prompts' mean |p - 1/2| (the predictor's p at the root): {np.mean(near):.3f}; 0 is a "
+               "batch at p = 1/2 (PCL's choice), 0.5 one of prompts the predictor calls certain."
+               if near else "No granted prompt carried a prediction.")]
+
+
 def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict[str, dict[str, float]]) -> str:
     train, evals = run["train"], run["eval"]
     lines = [f"# Run report: {run['dir'].resolve().name}", "",
@@ -265,6 +295,7 @@ def to_markdown(run: dict[str, Any], figures: dict[str, Path], calibration: dict
                   f"![effective ratio per step]({FIGURES['effective_ratio']})", ""]
     else:
         lines += ["No training steps logged.", ""]
+    lines += ["## Batch", ""] + batch_lines(run["batch"]) + [""]
     lines += ["## Predictor calibration", ""]
     if not run["tree_steps"]:
         lines += ["No saved trees (train with run.save_trees=true): calibration needs them.", ""]
