@@ -266,6 +266,20 @@ def test_a_reading_over_builds_comes_back_from_its_builds_reports(table, design,
     assert out.read_text() == (STUDIES / table / reading).read_text()
 
 
+def test_maths_reading_over_builds_comes_back_from_its_builds_reports(tmp_path, capsys):
+    """studies/math-confirm/primary.md and proxy-check.md are what math_confirm.py (with function calling's p, as
+    registered) and proxy_ranks.py --check (amendment 19) read from the 12 builds' kept reports."""
+    folder = STUDIES / "math-confirm" / "reports"
+    assert sorted(p.name for p in folder.glob("build*")) == sorted(f"build{k}" for k in BUILD_MACHINES["math-confirm"])
+    out, check = tmp_path / "primary.md", tmp_path / "proxy-check.md"
+    assert load_study_script("math_confirm").main(
+        [str(folder), "--funcall-p", "2.151532680905177e-07", "--out", str(out)]) == 0
+    assert load_study_script("proxy_ranks").main(["--check", str(folder), "--out", str(check)]) == 0
+    capsys.readouterr()
+    assert out.read_text() == (STUDIES / "math-confirm" / "primary.md").read_text()
+    assert check.read_text() == (STUDIES / "math-confirm" / "proxy-check.md").read_text()
+
+
 @pytest.mark.parametrize("table, design", KEPT_OVER_BUILDS)
 def test_each_kept_build_of_a_table_over_builds_holds_its_finished_runs(table, design, tmp_path):
     """studies/<table>/build<k>.tar.xz (no success figure read here): one for each build `BUILD_MACHINES` lists, each
